@@ -1,0 +1,51 @@
+"""rapidmoe-chat command line: the TUI by default, `-p` for one prompt, and
+subcommands (each in its own module app/cmd_<name>.py exposing
+`add_arguments(parser)` and `run(args) -> int`)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..engine.errors import UserError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "eval": ("cmd_eval", "perplexity / KL of a model over a text (full precision by default)"),
+}
+
+
+def _subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    mod_name, help_ = SUBCOMMANDS[name]
+    mod = importlib.import_module(f".{mod_name}", __package__)
+    p = argparse.ArgumentParser(prog=f"rapidmoe-chat {name}", description=help_)
+    mod.add_arguments(p)
+    return p, mod
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            p, mod = _subcommand_parser(argv[0])
+            args = p.parse_args(argv[1:])
+            return int(mod.run(args) or 0)
+        from . import cmd_chat
+
+        p = argparse.ArgumentParser(
+            prog="rapidmoe-chat",
+            description="Chat with large Mixture-of-Experts models. Without -p: the TUI.",
+            epilog="subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()),
+        )
+        cmd_chat.add_arguments(p)
+        args = p.parse_args(argv)
+        return int(cmd_chat.run(args) or 0)
+    except UserError as e:
+        print(f"rapidmoe-chat: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
