@@ -19,3 +19,12 @@ def f16_to_f32(bits: np.ndarray) -> np.ndarray:
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16), any shape -> float32, same shape."""
     return _cpu.bf16_to_f32(np.ascontiguousarray(bits).view(np.uint16))
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the CPU kernels use (<= 0: all usable cores)."""
+    _cpu.set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return int(_cpu.num_threads())

@@ -5,6 +5,7 @@
 
 #include "convert.h"
 #include "isa.h"
+#include "threadpool.h"
 
 namespace py = pybind11;
 
@@ -46,4 +47,6 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("bf16_to_f32", [](const U16Array& a) { return convert_rows(a, rmoe::bf16_to_f32_row); },
         "bfloat16 bits (uint16, any shape) -> float32 of the same shape");
   m.def("isa_info", &isa_info, "CPU features and the kernel path in use");
+  m.def("set_num_threads", &rmoe::set_num_threads, py::arg("n"), "kernel threads (<= 0: usable cores)");
+  m.def("num_threads", &rmoe::num_threads);
 }
