@@ -1,0 +1,156 @@
+"""GGUF metadata -> a frozen ModelConfig (hyperparameters as llama.cpp reads them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import ModelFileError
+
+SUPPORTED_ARCHS = ("qwen3moe", "qwen2moe", "llama", "olmoe", "deepseek2")
+# llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x0,x1),
+# "neox" rotates (x_i, x_{i+d/2}).
+ROPE_STYLE = {"llama": "norm", "deepseek2": "norm", "qwen3moe": "neox", "qwen2moe": "neox", "olmoe": "neox"}
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # key length
+    head_dim_v: int  # value length
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_style: str
+    rope_dim: int
+    rope_base: float
+    rope_freq_scale: float  # 1 / linear scaling factor
+    n_expert: int
+    n_expert_used: int
+    n_ff: int  # dense FFN width (llama: the per-expert width in MoE files)
+    n_ff_exp: int
+    n_ff_shexp: int  # 0 when there is no shared expert
+    n_expert_shared: int
+    n_layer_dense_lead: int  # leading dense blocks (deepseek2)
+    gating: int  # GATING_SOFTMAX | GATING_SIGMOID
+    norm_topk: bool  # renormalise the top-k weights
+    weights_scale: float  # 0 or 1 = none
+    n_expert_groups: int
+    n_group_used: int
+    attn_scale: float  # 0 = 1/sqrt(head_dim)
+    extra: tuple[tuple[str, Any], ...] = ()  # arch-specific values (deepseek2 MLA, YaRN)
+
+    def get(self, key: str, default=None):
+        return dict(self.extra).get(key, default)
+
+
+def _scalar(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v
+
+
+def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(path, "no general.architecture key")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(path, f"unsupported architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+    def key(name: str, default: Any = ..., kind=int):
+        full = f"{arch}.{name}"
+        if full not in meta:
+            if default is ...:
+                raise ModelFileError(path, f"missing metadata key {full}")
+            return default
+        v = _scalar(meta[full])
+        if isinstance(v, list):  # per-layer arrays: we need them uniform
+            if not v or any(x != v[0] for x in v):
+                raise ModelFileError(path, f"per-layer values of {full} differ; not supported")
+            v = v[0]
+        try:
+            return kind(v)
+        except (TypeError, ValueError):
+            raise ModelFileError(path, f"bad value for {full}: {v!r}") from None
+
+    n_embd = key("embedding_length")
+    n_head = key("attention.head_count")
+    if n_embd <= 0 or n_head <= 0 or n_embd > 1 << 20 or n_head > 4096:
+        raise ModelFileError(path, f"bad embedding_length/head_count {n_embd}/{n_head}")
+    head_dim = key("attention.key_length", n_embd // n_head)
+    n_expert = key("expert_count", 0)
+    n_ff = key("feed_forward_length", 0)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    n_vocab = key("vocab_size", len(tokens) if tokens is not None else 0)
+    scale = key("rope.scaling.factor", 0.0, float) or key("rope.scale_linear", 0.0, float)
+    # llama.cpp fixes gating and top-k renormalisation per architecture; only
+    # deepseek2 files carry them as keys.
+    gating = GATING_SOFTMAX
+    norm_topk = arch in ("qwen3moe", "llama")
+    extra: dict[str, Any] = {}
+    if arch == "deepseek2":
+        gating = key("expert_gating_func", GATING_SOFTMAX)
+        norm_topk = key("expert_weights_norm", False, bool)
+    cfg = ModelConfig(
+        arch=arch,
+        n_layer=key("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=key("attention.head_count_kv", n_head),
+        head_dim=head_dim,
+        head_dim_v=key("attention.value_length", n_embd // n_head),
+        n_vocab=n_vocab,
+        n_ctx_train=key("context_length", 4096),
+        rms_eps=key("attention.layer_norm_rms_epsilon", 1e-5, float),
+        rope_style=ROPE_STYLE[arch],
+        rope_dim=key("rope.dimension_count", head_dim),
+        rope_base=key("rope.freq_base", 10000.0, float),
+        rope_freq_scale=1.0 / scale if scale else 1.0,
+        n_expert=n_expert,
+        n_expert_used=key("expert_used_count", 0),
+        n_ff=n_ff,
+        n_ff_exp=key("expert_feed_forward_length", n_ff if arch == "llama" else 0),
+        n_ff_shexp=key("expert_shared_feed_forward_length", 0),
+        n_expert_shared=key("expert_shared_count", 0),
+        n_layer_dense_lead=key("leading_dense_block_count", 0),
+        gating=gating,
+        norm_topk=bool(norm_topk),
+        weights_scale=key("expert_weights_scale", 0.0, float),
+        n_expert_groups=key("expert_group_count", 0),
+        n_group_used=key("expert_group_used_count", 0),
+        attn_scale=key("attention.scale", 0.0, float),
+        extra=tuple(extra.items()),
+    )
+    _validate(cfg, path)
+    return cfg
+
+
+def _validate(c: ModelConfig, path: str) -> None:
+    def bad(msg):
+        raise ModelFileError(path, msg)
+
+    if not 0 < c.n_layer <= 512:
+        bad(f"bad block_count {c.n_layer}")
+    if c.n_head_kv <= 0 or c.n_head % c.n_head_kv:
+        bad(f"head_count {c.n_head} is not a multiple of head_count_kv {c.n_head_kv}")
+    if c.rope_dim <= 0 or c.rope_dim > c.head_dim or c.rope_dim % 2:
+        bad(f"bad rope.dimension_count {c.rope_dim}")
+    if c.n_vocab <= 0:
+        bad("no vocabulary (tokenizer.ggml.tokens missing)")
+    if c.n_expert:
+        if not 0 < c.n_expert_used <= c.n_expert:
+            bad(f"expert_used_count {c.n_expert_used} does not fit expert_count {c.n_expert}")
+        if c.n_ff_exp <= 0:
+            bad("expert FFN width unknown")
+        if c.gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+            bad(f"unsupported expert_gating_func {c.gating}")
+        if c.n_expert_groups > 1 and (c.n_expert % c.n_expert_groups or not 0 < c.n_group_used < c.n_expert_groups):
+            bad("inconsistent expert_group_count / expert_group_used_count")
+    elif c.arch != "llama":
+        bad("expert_count missing: not a Mixture-of-Experts model")

@@ -1,0 +1,177 @@
+"""Download one Hub file into the HF cache, resumable across runs.
+
+huggingface_hub 2.x writes each download to a process-unique temp file and
+deletes it on failure, so an interrupted multi-GB GGUF would start over. We keep
+the partial at `blobs/<etag>.incomplete` (the name scan_cache_dir reports) and
+continue it with an HTTP Range request: after a dropped connection within this
+run, and after Ctrl+C / a crash / a full disk on the next run. The HTTP client,
+auth headers and error types are huggingface_hub's own.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+import httpx2
+from huggingface_hub import constants
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import WeakFileLock, build_hf_headers, get_session, hf_raise_for_status
+
+from .errors import UserError
+
+_PIECE_LOG_S = 0.1  # at most this often a progress report mid-file
+_RETRIES = 5  # consecutive failed attempts without new bytes before giving up
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    """A progress report for one file of a pull (all sizes in bytes)."""
+
+    filename: str  # repo-relative path
+    index: int  # 0-based position of this file in the pull
+    count: int  # files in the pull
+    done: int  # bytes of this file on disk (resumed bytes included)
+    total: int | None  # size of this file
+    resumed_from: int  # bytes already on disk when this run started the file
+    rate: float  # bytes/s over the last few seconds (0.0 until known)
+    eta_s: float | None  # seconds left for this file at `rate`
+    finished: bool = False
+
+
+ProgressFn = Callable[[DownloadProgress], None]
+
+
+class _Rate:
+    """Transfer rate over a sliding window of recent samples."""
+
+    def __init__(self, window_s: float = 5.0):
+        self.window = window_s
+        self.samples: list[tuple[float, int]] = []
+
+    def add(self, t: float, done: int) -> float:
+        self.samples.append((t, done))
+        while len(self.samples) > 2 and t - self.samples[1][0] >= self.window:
+            self.samples.pop(0)
+        (t0, d0) = self.samples[0]
+        return (done - d0) / (t - t0) if t > t0 else 0.0
+
+
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
+
+
+def fetch_blob(
+    *,
+    url: str,
+    endpoint: str,
+    blob: Path,
+    lock_path: Path,
+    size: int | None,
+    sha256: str | None,
+    report: Callable[[int, int, bool], None],
+) -> None:
+    """Stream `url` into `blob` (via `blob.incomplete`), resuming a partial left by an earlier run.
+
+    `report(done, resumed_from, finished)` is called at the start, every ~0.1 s, and at the end.
+    """
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock_path):  # the lock huggingface_hub takes for this blob
+        if blob.exists():
+            return
+        part = blob.with_name(blob.name + ".incomplete")
+        done = part.stat().st_size if part.exists() else 0
+        if size is not None and done > size:
+            part.unlink()
+            done = 0
+        resumed_from = done
+        report(done, resumed_from, False)
+        hasher = hashlib.sha256() if sha256 and _SHA256.match(sha256) else None
+        if hasher and done:
+            with part.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    hasher.update(chunk)
+        # The token goes to the Hub only, never to a CDN the Hub redirects to.
+        headers = build_hf_headers() if _same_origin(url, endpoint) else build_hf_headers(token=False)
+        headers["Accept-Encoding"] = "identity"
+        st = _State(done, size, hasher)
+        failures = 0
+        with part.open("ab") as out:
+            while st.size is None or st.done < st.size:
+                before = st.done
+                try:
+                    _stream(url, headers, out, st, resumed_from, report)
+                    if st.size is None:
+                        break
+                except (httpx2.TransportError, HfHubHTTPError) as e:
+                    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
+                    if isinstance(e, HfHubHTTPError) and status < 500 and status != 429:
+                        raise
+                    failures = 0 if st.done > before else failures + 1
+                    if failures >= _RETRIES:
+                        raise UserError(
+                            f"download of {url.split('?')[0]} keeps failing ({type(e).__name__}); "
+                            "the partial file is kept: run the same command again to resume"
+                        ) from None
+                    time.sleep(0.25 * 2**failures)
+                except OSError as e:  # disk full, permissions: the partial stays for a later resume
+                    raise UserError(f"cannot write {part}: {e.strerror or e} (partial download kept)") from None
+        done, size, hasher = st.done, st.size, st.hasher
+        if size is not None and done != size:
+            raise UserError(f"{part}: got {done} bytes, expected {size}")
+        if hasher and hasher.hexdigest() != sha256:
+            part.unlink()
+            raise UserError(f"{blob.name}: sha256 mismatch after download (partial deleted); run again")
+        os.replace(part, blob)
+        report(done, resumed_from, True)
+
+
+@dataclass
+class _State:
+    done: int  # bytes in the partial file
+    size: int | None
+    hasher: "hashlib._Hash | None"
+
+
+def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report) -> None:
+    """One GET (with Range when resuming), appending to `out` and updating `st` as bytes land."""
+    h = dict(headers)
+    if st.done:
+        h["Range"] = f"bytes={st.done}-"
+    timeout = httpx2.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=constants.HF_HUB_ETAG_TIMEOUT)
+    with get_session().stream("GET", url, headers=h, timeout=timeout) as r:
+        if r.status_code == 416 and st.size is not None and st.done >= st.size:
+            return
+        hf_raise_for_status(r)
+        if st.done and r.status_code == 200:  # the server ignored Range: start over
+            out.seek(0)
+            out.truncate()
+            st.done = 0
+            st.hasher = hashlib.sha256() if st.hasher is not None else None
+        elif st.done:
+            m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", r.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != st.done:
+                raise UserError(f"{url.split('?')[0]}: server answered a resume with a wrong range")
+        if st.size is None and r.headers.get("Content-Length"):
+            st.size = st.done + int(r.headers["Content-Length"])
+        last = time.monotonic()
+        for piece in r.iter_bytes():
+            out.write(piece)
+            if st.hasher is not None:
+                st.hasher.update(piece)
+            st.done += len(piece)
+            if st.size is not None and st.done > st.size:
+                raise UserError(f"{url.split('?')[0]}: server sent more than the {st.size} bytes announced")
+            now = time.monotonic()
+            if now - last >= _PIECE_LOG_S:
+                last = now
+                report(st.done, resumed_from, False)
+        out.flush()

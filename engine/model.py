@@ -1,0 +1,62 @@
+"""Open a model by path or name: GGUF -> config -> weights -> architecture."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig, config_from_metadata
+from .errors import ModelFileError, UserError
+from .gguf.reader import GGUFFile
+from .models import arch_module
+from .weights import Weights
+
+
+@dataclass
+class Model:
+    path: Path
+    cfg: ModelConfig
+    metadata: dict[str, Any]
+    net: Any  # models.base.Transformer
+    n_ctx: int
+    tokenizer: Any = None
+    file_bytes: int = 0
+
+
+def resolve_model_path(spec: str | os.PathLike | None, progress=None) -> Path:
+    """'demo' (or None) -> the built-in demo model; otherwise a local GGUF path."""
+    if spec is None or str(spec) == "demo":
+        from .demo import demo_model_path
+
+        return demo_model_path(progress=progress)
+    p = Path(spec).expanduser()
+    if not p.exists():
+        raise ModelFileError(p, "no such file")
+    return p
+
+
+def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None) -> Model:
+    """progress(step: str, done: int, total: int) is called during loading."""
+    path = resolve_model_path(spec, progress=progress)
+    gguf = GGUFFile(path)
+    cfg = config_from_metadata(gguf.metadata, str(path))
+    ctx = n_ctx or min(cfg.n_ctx_train, 4096)
+    if ctx <= 0:
+        raise UserError(f"bad context size {ctx}")
+    if ctx > cfg.n_ctx_train:
+        raise UserError(f"context {ctx} exceeds the model's trained context {cfg.n_ctx_train}")
+    W = Weights(gguf)
+
+    def layer_progress(done, total):
+        if progress:
+            progress("load", done, total)
+
+    net = arch_module(cfg.arch).build(cfg, W, ctx, layer_progress)
+    from .tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(gguf.metadata)
+    if tok.n_vocab != cfg.n_vocab:
+        raise ModelFileError(path, f"tokenizer has {tok.n_vocab} tokens, model {cfg.n_vocab}")
+    return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
+                 file_bytes=gguf.size_bytes)

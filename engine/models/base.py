@@ -1,0 +1,102 @@
+"""The decoder loop shared by all architectures. An architecture file supplies
+`build_block(cfg, W, il)`; this file owns embedding, the layer loop, the final
+norm and the output head."""
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+from ..weights import Weights
+from .common import KVCache, Rope, linear, rms_norm
+
+
+class Attention:
+    """Standard multi-head attention with GQA. qk_norm: None, "head" (per head,
+    qwen3moe) or "full" (over the whole projection, olmoe)."""
+
+    def __init__(self, cfg: ModelConfig, W: Weights, il: int, rope: Rope, kq_scale: float,
+                 bias: bool = False, qk_norm: str | None = None):
+        H, nh, nkv, hd, hdv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        p = f"blk.{il}."
+        self.cfg, self.rope, self.scale, self.il = cfg, rope, kq_scale, il
+        self.wq = W.get(p + "attn_q.weight", H, nh * hd)
+        self.wk = W.get(p + "attn_k.weight", H, nkv * hd)
+        self.wv = W.get(p + "attn_v.weight", H, nkv * hdv)
+        self.wo = W.get(p + "attn_output.weight", nh * hdv, H)
+        opt = W.get if bias else W.opt
+        self.bq = opt(p + "attn_q.bias", nh * hd)
+        self.bk = opt(p + "attn_k.bias", nkv * hd)
+        self.bv = opt(p + "attn_v.bias", nkv * hdv)
+        self.qk_norm = qk_norm
+        if qk_norm == "head":
+            self.q_norm = W.get(p + "attn_q_norm.weight", hd)
+            self.k_norm = W.get(p + "attn_k_norm.weight", hd)
+        elif qk_norm == "full":
+            self.q_norm = W.get(p + "attn_q_norm.weight", nh * hd)
+            self.k_norm = W.get(p + "attn_k_norm.weight", nkv * hd)
+
+    def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
+        from .common import attend
+
+        cfg, T = self.cfg, x.shape[0]
+        q = linear(x, self.wq, self.bq)  # [T, nh*hd]
+        k = linear(x, self.wk, self.bk)  # [T, nkv*hd]
+        v = linear(x, self.wv, self.bv)  # [T, nkv*hdv]
+        if self.qk_norm == "full":
+            q = rms_norm(q, self.q_norm, cfg.rms_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_eps)
+        q = q.view(T, cfg.n_head, cfg.head_dim)
+        k = k.view(T, cfg.n_head_kv, cfg.head_dim)
+        if self.qk_norm == "head":
+            q = rms_norm(q, self.q_norm, cfg.rms_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_eps)
+        q, k = self.rope(q, pos0), self.rope(k, pos0)
+        kc, vc = cache.k[self.il], cache.v[self.il]
+        kc[pos0:pos0 + T] = k
+        vc[pos0:pos0 + T] = v.view(T, cfg.n_head_kv, cfg.head_dim_v)
+        o = attend(q, kc[:pos0 + T], vc[:pos0 + T], pos0, self.scale)  # [T, nh*hdv]
+        return linear(o, self.wo)
+
+
+class Block:
+    """Pre-norm residual block: x + attn(norm(x)); h + ffn(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig, W: Weights, il: int, attn, ffn):
+        H = cfg.n_embd
+        self.eps = cfg.rms_eps
+        self.attn_norm = W.get(f"blk.{il}.attn_norm.weight", H)
+        self.ffn_norm = W.get(f"blk.{il}.ffn_norm.weight", H)
+        self.attn, self.ffn = attn, ffn
+
+    def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.eps), pos0, cache)
+        return h + self.ffn(rms_norm(h, self.ffn_norm, self.eps))
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, W: Weights, build_block, progress=None):
+        H, V = cfg.n_embd, cfg.n_vocab
+        self.cfg = cfg
+        self.tok_embd = W.get("token_embd.weight", H, V)  # [V, H]
+        self.output = W.opt("output.weight", H, V)
+        if self.output is None:  # tied embeddings
+            self.output = self.tok_embd
+        self.output_norm = W.get("output_norm.weight", H)
+        self.blocks = []
+        for il in range(cfg.n_layer):
+            self.blocks.append(build_block(cfg, W, il))
+            if progress:
+                progress(il + 1, cfg.n_layer)
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.cfg, n_ctx)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only)."""
+        x = self.tok_embd[tokens]  # [T, H]
+        for blk in self.blocks:
+            x = blk(x, pos0, cache)
+        if last_only:
+            x = x[-1:]
+        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)

@@ -1,0 +1,93 @@
+"""Pieces every architecture shares: RMSNorm, RoPE, attention with a KV cache,
+the dense SwiGLU FFN. Math and order of operations follow llama.cpp."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    # [.., D] -> [.., D]
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+class Rope:
+    """Rotary embedding tables for one model (norm = adjacent pairs, neox = halves)."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, theta_scale_dims: int | None = None,
+                 freq_scale: float | None = None, mscale: float = 1.0, ext: "torch.Tensor | None" = None):
+        d = cfg.rope_dim
+        self.dim, self.style = d, cfg.rope_style
+        i = torch.arange(0, d, 2, dtype=torch.float64)
+        inv = cfg.rope_base ** (-i / d)  # [d/2]
+        fs = cfg.rope_freq_scale if freq_scale is None else freq_scale
+        pos = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+        theta = pos * inv[None, :] * fs  # [n_ctx, d/2]
+        if ext is not None:  # YaRN: per-dimension blend of interpolated and extrapolated angles
+            theta = ext(pos, inv)
+        self.cos = (torch.cos(theta) * mscale).float()
+        self.sin = (torch.sin(theta) * mscale).float()
+
+    def __call__(self, x: torch.Tensor, pos0: int) -> torch.Tensor:
+        # x [T, H, hd] -> same; rotates the first `dim` dims of each head
+        T = x.shape[0]
+        cos = self.cos[pos0:pos0 + T, None, :]  # [T, 1, d/2]
+        sin = self.sin[pos0:pos0 + T, None, :]
+        d = self.dim
+        rot, rest = x[..., :d], x[..., d:]
+        if self.style == "neox":
+            a, b = rot[..., : d // 2], rot[..., d // 2:]
+            out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+class KVCache:
+    """Per-layer K and V for one sequence: k [n_ctx, n_kv, hd], v [n_ctx, n_kv, hd_v]."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.k = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim_v) for _ in range(cfg.n_layer)]
+
+    def bytes_per_token(self) -> int:
+        return sum(k[0].numel() * 4 + v[0].numel() * 4 for k, v in zip(self.k, self.v))
+
+
+def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int, scale: float) -> torch.Tensor:
+    """Causal attention of T new queries at positions pos0.. over the cache.
+    q [T, H, hd], k_all [S, Hkv, hd], v_all [S, Hkv, hdv] with S = pos0 + T -> [T, H*hdv]."""
+    T, H, _ = q.shape
+    S, Hkv, _ = k_all.shape
+    rep = H // Hkv
+    qh = q.transpose(0, 1)  # [H, T, hd]
+    kh = k_all.transpose(0, 1).repeat_interleave(rep, dim=0)  # [H, S, hd]
+    vh = v_all.transpose(0, 1).repeat_interleave(rep, dim=0)  # [H, S, hdv]
+    if T == 1:
+        mask = None
+    else:
+        qpos = torch.arange(pos0, pos0 + T)[:, None]
+        mask = torch.arange(S)[None, :] <= qpos  # [T, S]
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)  # [H, T, hdv]
+    return out.transpose(0, 1).reshape(T, -1)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    # x [T, in], w [out, in] -> [T, out]
+    return F.linear(x, w, b)
+
+
+def swiglu_ffn(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    # x [T, H]; gate/up [ff, H]; down [H, ff] -> [T, H]
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def default_kq_scale(cfg: ModelConfig) -> float:
+    return cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)

@@ -1,0 +1,1 @@
+"""Mixture-of-Experts pieces: routing and the expert 'switch' layers."""

@@ -1,0 +1,62 @@
+"""Named tensors of a GGUF model, shape-checked against what the architecture
+expects, as float32 torch tensors in numpy order (ggml ne reversed)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+from . import kernels
+from .errors import ModelFileError
+from .gguf.reader import GGUFFile
+
+SUPPORTED_TYPES = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
+                   T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw tensor bytes -> float32 array of `shape` (numpy order)."""
+    t = T(ggml_type)
+    if t == T.F32:
+        return raw.view(np.float32).reshape(shape)
+    if t == T.F16:
+        return kernels.f16_to_f32(raw.view(np.uint16)).reshape(shape)
+    if t == T.BF16:
+        return kernels.bf16_to_f32(raw.view(np.uint16)).reshape(shape)
+    rows = raw.reshape(-1, quants.GGML_QUANT_SIZES[t][1] * shape[-1] // quants.GGML_QUANT_SIZES[t][0])
+    return quants.dequantize(rows, t).reshape(shape).astype(np.float32, copy=False)
+
+
+class Weights:
+    """Access to a model's tensors by name with llama.cpp's expected shapes."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+        self.path = str(gguf.path)
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def info(self, name: str, ne: tuple[int, ...]):
+        t = self.gguf.tensors.get(name)
+        if t is None:
+            raise ModelFileError(self.path, f"missing tensor {name}")
+        if tuple(t.ne) != tuple(ne):
+            raise ModelFileError(self.path, f"tensor {name} has shape {list(t.ne)}, expected {list(ne)}")
+        if t.ggml_type not in SUPPORTED_TYPES:
+            raise ModelFileError(self.path, f"tensor {name}: unsupported type {t.type_name}")
+        self.used.add(name)
+        return t
+
+    def get(self, name: str, *ne: int) -> torch.Tensor:
+        """The tensor as float32, numpy-order shape (ne reversed)."""
+        t = self.info(name, ne)
+        arr = dequantize(self.gguf.raw(name), t.ggml_type, t.shape)
+        if arr.base is not None and not arr.flags.writeable:
+            arr = arr.copy()  # never hand torch a view of the read-only mapping
+        return torch.from_numpy(arr)
+
+    def opt(self, name: str, *ne: int) -> torch.Tensor | None:
+        return self.get(name, *ne) if self.has(name) else None
