@@ -12,6 +12,7 @@ from ..engine.errors import UserError
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("cmd_eval", "perplexity / KL of a model over a text (full precision by default)"),
+    "pull": ("cmd_pull", "download a GGUF model from the Hugging Face Hub: REPO[:QUANT]"),
 }
 
 
