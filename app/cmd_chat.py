@@ -1,0 +1,132 @@
+"""The default command: the TUI, or one prompt with -p (streamed to stdout)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+
+from ..engine.errors import UserError
+from ..engine.events import Finished, PromptProcessed, TextDelta
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="GGUF path, or 'demo' (default: the built-in demo model)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=None, help="temperature (0 = greedy; default 0.7)")
+    p.add_argument("--top-k", type=int, default=None, help="top-k (0 = off; default 40)")
+    p.add_argument("--top-p", type=float, default=None, help="top-p (default 0.9)")
+    p.add_argument("--min-p", type=float, default=None, help="min-p (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=None, help="repeat penalty (default 1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
+    p.add_argument("--max-tokens", "-n", type=int, default=None, help="maximum tokens to generate (default 512)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("-p", "--prompt", default=None, help="one prompt ('-' reads stdin); without it: the TUI")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    add_sampling_arguments(p)
+    p.add_argument("--verbose", action="store_true", help="print prompt/decode tok/s and TTFT to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def sampling_overrides(args) -> dict:
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                stop=tuple(args.stop) if args.stop else None)
+
+
+def load_for_cli(args, quiet: bool = False):
+    from ..engine import kernels
+    from ..engine.model import load_model
+    from .progress import StepProgress
+
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise UserError("--threads must be > 0")
+        kernels.set_num_threads(args.threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.ctx is not None and args.ctx <= 0:
+        raise UserError("--ctx must be > 0")
+    with StepProgress(enabled=not quiet) as prog:
+        return load_model(args.model, n_ctx=args.ctx, progress=prog)
+
+
+def run(args) -> int:
+    prompt = args.prompt
+    if prompt is None and not sys.stdin.isatty():
+        prompt = "-"
+    if prompt is None:
+        from .tui.app import run_tui
+
+        return run_tui(args)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise UserError("empty prompt")
+    return run_prompt(args, prompt)
+
+
+def run_prompt(args, prompt: str) -> int:
+    from ..engine.generate import ChatSession, Session
+    from ..engine.sampling import SamplingParams
+
+    model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty())
+    params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
+    cancel = threading.Event()
+    if args.raw:
+        if args.system:
+            raise UserError("--system has no effect with --raw")
+        sess = Session(model, params)
+        events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
+    else:
+        chat = ChatSession(model, system=args.system, params=params)
+        events = chat.send(prompt, cancel=cancel)
+    out = sys.stdout
+    final: Finished | None = None
+    text_parts: list[str] = []
+    try:
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                text_parts.append(ev.text)
+                if not args.json:
+                    out.write(ev.text)
+                    out.flush()
+            elif isinstance(ev, Finished):
+                final = ev
+    except KeyboardInterrupt:
+        cancel.set()
+        if args.json:
+            out.write(json.dumps({"text": "".join(text_parts), "finish_reason": "cancelled"}) + "\n")
+        else:
+            out.write("\n")
+        out.flush()
+        return 130
+    assert final is not None
+    if args.json:
+        out.write(json.dumps({
+            "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
+            "ttft_s": round(final.ttft_s, 4), "prompt_tok_s": round(final.prompt_tok_s, 2),
+            "decode_tok_s": round(final.decode_tok_s, 2), "finish_reason": final.finish_reason,
+        }) + "\n")
+    else:
+        if not final.text.endswith("\n"):
+            out.write("\n")
+        if final.finish_reason == "context":
+            print("rapidmoe-chat: stopped: the context window is full (raise --ctx)", file=sys.stderr)
+    if args.verbose:
+        print(f"prompt: {final.prompt_tokens} tokens, {final.prompt_tok_s:.1f} tok/s | "
+              f"decode: {final.completion_tokens} tokens, {final.decode_tok_s:.1f} tok/s | "
+              f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
+    out.flush()
+    return 0
