@@ -89,6 +89,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     tokens = meta.get("tokenizer.ggml.tokens")
     n_vocab = key("vocab_size", len(tokens) if tokens is not None else 0)
     scale = key("rope.scaling.factor", 0.0, float) or key("rope.scale_linear", 0.0, float)
+    # (olmoe and llama size experts by feed_forward_length, as llama.cpp does.)
     # llama.cpp fixes gating and top-k renormalisation per architecture; only
     # deepseek2 files carry them as keys.
     gating = GATING_SOFTMAX
@@ -115,7 +116,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
         n_expert=n_expert,
         n_expert_used=key("expert_used_count", 0),
         n_ff=n_ff,
-        n_ff_exp=key("expert_feed_forward_length", n_ff if arch == "llama" else 0),
+        n_ff_exp=key("expert_feed_forward_length", n_ff if arch in ("llama", "olmoe") else 0),
         n_ff_shexp=key("expert_shared_feed_forward_length", 0),
         n_expert_shared=key("expert_shared_count", 0),
         n_layer_dense_lead=key("leading_dense_block_count", 0),

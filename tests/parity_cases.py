@@ -1,0 +1,31 @@
+"""The models the llama.cpp parity references are made from (shared by
+scripts/make_parity_refs.py and tests/test_parity.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PROMPT = ("The quick brown fox jumps over the lazy dog. In 2024, 3 experts routed 1,024 tokens; "
+          "café naïve — 東京 🚀\n    def f(x):\n        return x * 2\n")
+
+# name -> (synthetic preset, dtype) or "demo"
+CASES: dict[str, object] = {
+    "qwen3moe": ("qwen3moe", "f32"),
+    "qwen2moe": ("qwen2moe", "f32"),
+    "llama_moe": ("llama_moe", "f32"),
+    "olmoe": ("olmoe", "f32"),
+    "qwen3moe_f16": ("qwen3moe", "f16"),
+    "demo": "demo",
+}
+SEED = 1234
+
+
+def build_case(name: str, tmp: Path) -> Path:
+    case = CASES[name]
+    if case == "demo":
+        from rapidmoe.engine.demo import demo_model_path
+
+        return demo_model_path()
+    from rapidmoe.engine.synth import write_synthetic
+
+    preset, dtype = case
+    return write_synthetic(tmp / f"{name}.gguf", preset, seed=SEED, dtype=dtype)
