@@ -40,8 +40,8 @@ def _eta(s: float | None) -> str:
 class LineProgress:
     """Non-terminal stderr: one line when a file starts and one when it ends."""
 
-    def __init__(self, out=sys.stderr):
-        self.out = out
+    def __init__(self, out=None):
+        self.out = out or sys.stderr
         self.started: dict[int, float] = {}
 
     def __call__(self, p: DownloadProgress) -> None:
@@ -75,9 +75,10 @@ class BarProgress:
             console=console or Console(stderr=True), transient=False,
         )
         self.tasks: dict[int, int] = {}
-        self.progress.start()
 
     def __call__(self, p: DownloadProgress) -> None:
+        if not self.tasks:
+            self.progress.start()  # lazily: nothing live on screen while resolving or on errors
         if p.index not in self.tasks:
             desc = f"[{p.index + 1}/{p.count}] {p.filename}"
             self.tasks[p.index] = self.progress.add_task(desc, total=p.total, rate="", eta="--:--")
@@ -99,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
         print("\ninterrupted: the partial download stays in the Hugging Face cache; "
               "run the same command again to resume", file=sys.stderr)
         return 130
-    if show:
-        show.close()
+    finally:
+        if show:
+            show.close()
     for p in paths:
         print(p)
     return 0

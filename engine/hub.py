@@ -45,7 +45,7 @@ def _redact(text: str) -> str:
     return text.replace(tok, "***") if tok and len(tok) >= 4 else text
 
 
-def _hub_error(repo: str, e: Exception) -> UserError:
+def _hub_error(repo: str, e: Exception, tail: str = "") -> UserError:
     ep = hc.hub_endpoint()
     if isinstance(e, GatedRepoError):
         has = bool(os.environ.get("HF_TOKEN"))
@@ -59,7 +59,7 @@ def _hub_error(repo: str, e: Exception) -> UserError:
         return UserError(f"{repo}: not found on {ep} ({type(e).__name__})")
     if isinstance(e, HfHubHTTPError) and e.response is not None:
         return UserError(_redact(f"{ep} answered HTTP {e.response.status_code} for {repo}"))
-    return UserError(_redact(f"cannot reach {ep} ({type(e).__name__}); use --offline for cached models"))
+    return UserError(_redact(f"cannot reach {ep} ({type(e).__name__}){tail}"))
 
 
 def _local_ref(spec: str) -> ModelRef:
@@ -104,7 +104,7 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
         try:
             return _cached_ref(repo, quant, "the Hub cannot be reached")
         except UserError:
-            raise _hub_error(repo, e) from None
+            raise _hub_error(repo, e, f" and {repo} is not in the Hugging Face cache") from None
     except HfHubHTTPError as e:
         raise _hub_error(repo, e) from None
     sib = {s.rfilename: s for s in info.siblings or []}
@@ -201,5 +201,5 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
             report=report,
         )
     except (HfHubHTTPError, *_NET_ERRORS) as e:
-        raise _hub_error(ref.repo, e) from None
+        raise _hub_error(ref.repo, e, "; run the same command again to resume") from None
     hc.link_pointer(blob, pointer)

@@ -125,5 +125,8 @@ class Stream:
             raise ValueError("student_t needs df > 2 for a finite variance")
         z = self.normal(n, start)
         chi = Stream(self.key, "chi2").normal(n * df, start * df).reshape(n, df)
-        t = z / np.sqrt((chi * chi).sum(axis=1) / df)
+        acc = np.zeros(n)
+        for j in range(df):  # a fixed summation order: np.sum's may vary
+            acc += chi[:, j] * chi[:, j]
+        t = z / np.sqrt(acc / df)
         return t * np.sqrt((df - 2) / df)

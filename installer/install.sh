@@ -9,8 +9,8 @@ PY=${PYTHON:-python3}
 
 say() { printf '%s\n' "$*" >&2; }
 
-command -v "$PY" >/dev/null || { say "rapidmoe-chat needs Python 3.10 or newer ($PY not found)"; exit 2; }
-"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { say "rapidmoe-chat needs Python 3.10 or newer (found $("$PY" -V))"; exit 2; }
+command -v "$PY" >/dev/null || { say "rapidmoe-chat needs Python 3.11 or newer ($PY not found)"; exit 2; }
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { say "rapidmoe-chat needs Python 3.11 or newer (found $("$PY" -V))"; exit 2; }
 
 if ! command -v pipx >/dev/null; then
   say "pipx not found: installing it for this user"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class FakeHub:
         self.release = threading.Event()  # ends a stall
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
+        self._conns: set = set()  # open client sockets: stop() cuts kept-alive ones too
 
     # -- repos -------------------------------------------------------------
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, gated_token: str | None = None) -> Repo:
@@ -81,11 +83,19 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        """Stop answering, on every connection (a stopped Hub must look unreachable)."""
         self.release.set()
         for srv in self._servers:
             srv.shutdown()
             srv.server_close()
         self._servers.clear()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     @property
     def endpoint(self) -> str:
@@ -107,9 +117,19 @@ def _make_handler(hub: FakeHub, origin: str):
         def log_message(self, *args) -> None:  # keep test output clean
             pass
 
+        def setup(self) -> None:
+            super().setup()
+            with hub._lock:
+                hub._conns.add(self.connection)
+
+        def finish(self) -> None:
+            with hub._lock:
+                hub._conns.discard(self.connection)
+            super().finish()
+
         def _record(self) -> None:
             with hub._lock:
-                hub.seen.append(Seen(origin, self.command, self.path, {k: v for k, v in self.headers.items()}))
+                hub.seen.append(Seen(origin, self.command, self.path, {k.title(): v for k, v in self.headers.items()}))
 
         def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
             self.send_response(status)

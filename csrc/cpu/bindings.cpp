@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include "convert.h"
+#include "ggml_kernels.h"
 #include "isa.h"
 #include "threadpool.h"
 
@@ -49,4 +50,58 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("isa_info", &isa_info, "CPU features and the kernel path in use");
   m.def("set_num_threads", &rmoe::set_num_threads, py::arg("n"), "kernel threads (<= 0: usable cores)");
   m.def("num_threads", &rmoe::num_threads);
+  // GGUF tensor types kept in their source format (ggml_*.cpp).
+  m.def("ggml_row_bytes", &rmoe::ggml::row_bytes, py::arg("type"), py::arg("k"),
+        "bytes of one row of k weights of a GGUF type (0: unsupported type or k not whole blocks)");
+  m.def(
+      "ggml_dequantize",
+      [](const py::array_t<uint8_t, py::array::c_style>& raw, int type, int64_t n) {
+        const size_t nb = n < 0 ? 0 : rmoe::ggml::row_bytes(type, (size_t)n);
+        if (n < 0 || (n > 0 && nb == 0)) throw py::value_error("ggml_dequantize: unsupported type or count");
+        if ((size_t)raw.size() < nb) throw py::value_error("ggml_dequantize: raw holds fewer bytes than n weights need");
+        F32Array out(n);
+        const uint8_t* s = raw.data();
+        float* d = out.mutable_data();
+        py::gil_scoped_release nogil;
+        rmoe::ggml::dequantize(type, s, d, (size_t)n);
+        return out;
+      },
+      py::arg("raw"), py::arg("type"), py::arg("n"), "raw bytes of n weights of a GGUF type -> float32 [n]");
+  m.def(
+      "ggml_matmul",
+      [](const py::array_t<uint8_t, py::array::c_style>& w, int type, const F32Array& x) {
+        if (w.ndim() != 2 || x.ndim() != 2) throw py::value_error("ggml_matmul: W [rows, row_bytes], x [T, k]");
+        const size_t rows = w.shape(0), rb = w.shape(1), T = x.shape(0), k = x.shape(1);
+        if (rmoe::ggml::row_bytes(type, k) != rb || rb == 0)
+          throw py::value_error("ggml_matmul: W rows are not k weights of this type");
+        F32Array y({(py::ssize_t)T, (py::ssize_t)rows});
+        const uint8_t* wp = w.data();
+        const float* xp = x.data();
+        float* yp = y.mutable_data();
+        py::gil_scoped_release nogil;
+        rmoe::ggml::matmul(type, wp, rows, rb, k, xp, T, yp);
+        return y;
+      },
+      py::arg("w"), py::arg("type"), py::arg("x"), "y [T, rows] = x [T, k] @ W^T, W raw rows of a GGUF type");
+  m.def(
+      "ggml_expert_matmul",
+      [](const py::array_t<uint8_t, py::array::c_style>& w, int type, const py::array_t<int32_t, py::array::c_style>& ids,
+         const F32Array& x) {
+        if (w.ndim() != 3 || x.ndim() != 2 || ids.ndim() != 1 || ids.shape(0) != x.shape(0))
+          throw py::value_error("ggml_expert_matmul: W [E, rows, row_bytes], ids [n], x [n, k]");
+        const size_t E = w.shape(0), rows = w.shape(1), rb = w.shape(2), n = x.shape(0), k = x.shape(1);
+        if (rmoe::ggml::row_bytes(type, k) != rb || rb == 0)
+          throw py::value_error("ggml_expert_matmul: W rows are not k weights of this type");
+        const int32_t* ip = ids.data();
+        for (size_t j = 0; j < n; ++j)
+          if (ip[j] < 0 || (size_t)ip[j] >= E) throw py::value_error("ggml_expert_matmul: expert id out of range");
+        F32Array y({(py::ssize_t)n, (py::ssize_t)rows});
+        const uint8_t* wp = w.data();
+        const float* xp = x.data();
+        float* yp = y.mutable_data();
+        py::gil_scoped_release nogil;
+        rmoe::ggml::expert_matmul(type, wp, E, rows, rb, k, ip, xp, n, yp);
+        return y;
+      },
+      py::arg("w"), py::arg("type"), py::arg("ids"), py::arg("x"), "y[j] = W[ids[j]] @ x[j] over stacked experts");
 }
