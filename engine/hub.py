@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -48,7 +48,7 @@ def _redact(text: str) -> str:
 def _hub_error(repo: str, e: Exception, tail: str = "") -> UserError:
     ep = hc.hub_endpoint()
     if isinstance(e, GatedRepoError):
-        has = bool(os.environ.get("HF_TOKEN"))
+        has = get_token() is not None  # HF_TOKEN or a stored `hf auth login` token
         return UserError(
             f"{repo} is gated: accept its terms at {ep}/{repo}, then "
             + ("check that HF_TOKEN has access to it" if has else "set HF_TOKEN to a token with access")
@@ -107,6 +107,8 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
             raise _hub_error(repo, e, f" and {repo} is not in the Hugging Face cache") from None
     except HfHubHTTPError as e:
         raise _hub_error(repo, e) from None
+    if not info.sha:
+        raise UserError(f"{hc.hub_endpoint()} gave no commit for {repo}; is HF_ENDPOINT a Hugging Face Hub?")
     sib = {s.rfilename: s for s in info.siblings or []}
     g = select_quant(repo, list(sib), quant)
     return ModelRef(

@@ -148,7 +148,11 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report)
         h["Range"] = f"bytes={st.done}-"
     timeout = httpx2.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=constants.HF_HUB_ETAG_TIMEOUT)
     with get_session().stream("GET", url, headers=h, timeout=timeout) as r:
-        if r.status_code == 416 and st.size is not None and st.done >= st.size:
+        if r.status_code == 416:  # the partial does not fit the file any more: start over
+            out.seek(0)
+            out.truncate()
+            st.done = 0
+            st.hasher = hashlib.sha256() if st.hasher is not None else None
             return
         hf_raise_for_status(r)
         if st.done and r.status_code == 200:  # the server ignored Range: start over

@@ -55,6 +55,7 @@ class FakeHub:
         self.cut_after: dict[str, int] = {}  # sha256 -> bytes to send before dropping the line (once)
         self.stall_after: dict[str, int] = {}  # sha256 -> bytes to send before hanging (once)
         self.release = threading.Event()  # ends a stall
+        self.ignore_range = False  # answer 200 + the whole file to a Range request
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
         self._conns: set = set()  # open client sockets: stop() cuts kept-alive ones too
@@ -255,7 +256,7 @@ def _make_handler(hub: FakeHub, origin: str):
             if content is None:
                 return self._error(404, "EntryNotFound", "no such blob")
             start = 0
-            rng = self.headers.get("Range")
+            rng = None if hub.ignore_range else self.headers.get("Range")
             if rng:
                 m = re.fullmatch(r"bytes=(\d+)-", rng.strip())
                 start = int(m.group(1)) if m else 0

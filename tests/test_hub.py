@@ -168,6 +168,15 @@ def test_cut_connection_resumes_with_range(hub):
     assert seen[-1].done == len(Q4) and seen[-1].finished
 
 
+def test_server_ignoring_range_restarts_cleanly(hub):
+    digest = hashlib.sha256(Q4).hexdigest()
+    hub.cut_after[digest] = 200_000
+    hub.ignore_range = True
+    paths = pull(REPO)
+    assert [g.headers.get("Range") for g in cdn_gets(hub)] == [None, "bytes=200000-"]
+    assert sha(paths[0]) == digest
+
+
 def test_ctrl_c_leaves_resumable_partial(hub, tmp_path):
     """A real Ctrl+C on the CLI mid-file (exit 130), then a pull that continues with Range."""
     digest = hashlib.sha256(Q4).hexdigest()
@@ -191,6 +200,15 @@ def test_ctrl_c_leaves_resumable_partial(hub, tmp_path):
     assert cdn_gets(hub)[-1].headers["Range"] == "bytes=100001-"
     assert seen[0].resumed_from == 100_001
     assert sha(paths[0]) == digest and not part.exists()
+
+
+def test_corrupt_download_is_rejected(hub, tmp_path):
+    digest = hashlib.sha256(Q4).hexdigest()
+    hub.blobs[digest] = Q4[:-1] + b"!"  # the CDN serves other bytes than the Hub's sha256
+    with pytest.raises(UserError, match="sha256 mismatch"):
+        pull(REPO)
+    folder = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF"
+    assert list((folder / "blobs").iterdir()) == [] and not (folder / "snapshots").exists()
 
 
 def test_disk_space_checked_before_download(hub):
