@@ -145,6 +145,21 @@ def test_pull_into_hf_cache_with_progress(hub, tmp_path):
     assert pull(REPO) == paths and len(cdn_gets(hub)) == 1  # second pull: from the cache
 
 
+def test_shares_the_cache_with_huggingface_hub(hub):
+    """huggingface_hub's own downloader finds our files, and we find its: one copy either way."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    from rapidmoe.engine.hub_cache import hub_cache_dir
+
+    ours = pull(REPO)
+    theirs = hf_hub_download(REPO, "Tiny-MoE-Q4_K_M.gguf", cache_dir=hub_cache_dir(), endpoint=hub.endpoint)
+    assert Path(theirs) == ours[0] and len(cdn_gets(hub)) == 1
+    q8 = hf_hub_download(REPO, "Tiny-MoE-Q8_0.gguf", cache_dir=hub_cache_dir(), endpoint=hub.endpoint)
+    assert pull(f"{REPO}:Q8_0") == [Path(q8)] and len(cdn_gets(hub)) == 2
+    tree = {f.path: getattr(f, "size", "dir") for f in HfApi(endpoint=hub.endpoint).list_repo_tree(REPO, recursive=True)}
+    assert tree["BF16/Tiny-MoE-BF16-00003-of-00003.gguf"] == 10_000 and tree["BF16"] == "dir"
+
+
 def test_split_pull_returns_parts_in_order(hub):
     paths = pull(f"{REPO}:BF16")
     assert [p.name for p in paths] == [f"Tiny-MoE-BF16-0000{k}-of-00003.gguf" for k in (1, 2, 3)]
