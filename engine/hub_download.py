@@ -169,6 +169,7 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report)
         last = time.monotonic()
         for piece in r.iter_bytes():
             out.write(piece)
+            out.flush()  # what is counted is on disk: a crash loses nothing we would skip on resume
             if st.hasher is not None:
                 st.hasher.update(piece)
             st.done += len(piece)
@@ -178,4 +179,3 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report)
             if now - last >= _PIECE_LOG_S:
                 last = now
                 report(st.done, resumed_from, False)
-        out.flush()
