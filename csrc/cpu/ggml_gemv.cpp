@@ -1,0 +1,122 @@
+// Matmul with weights kept in their GGUF type: y [T, rows] = x [T, k] @ W^T.
+//
+// Rows are processed in blocks of RB: each block is dequantized KC columns at
+// a time into a small f32 buffer (exact values, L1/L2 resident) and reused by
+// every activation row, so T=1 (decode) reads W once and T=512 (prefill)
+// dequantizes each weight once, not T times. Activations stay f32: results
+// match dequantize(W) @ x up to f32 summation order. Row blocks are spread
+// over the thread pool; this file is the only one that calls parallel_for, so
+// the ISA files stay free of library templates (see ggml_blocks.h).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ggml_blocks.h"
+#include "ggml_kernels.h"
+#include "isa.h"
+#include "threadpool.h"
+
+namespace rmoe {
+namespace ggml {
+
+void gemm_tile_scalar(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                      size_t k, float* y, size_t ldy) {
+  for (size_t r = 0; r < nr; ++r)
+    for (size_t t = 0; t < nt; ++t) {
+      const float* a = w + r * ldw;
+      const float* b = x + t * ldx;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // independent lanes: vectorizable without reassociation
+      size_t i = 0;
+      for (; i + 8 <= k; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+      for (; i < k; ++i) acc[i & 7] += a[i] * b[i];
+      y[t * ldy + r] += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+}
+
+namespace {
+
+constexpr size_t RB = 16;   // weight rows per block
+constexpr size_t KC = 512;  // columns dequantized at a time (a multiple of every block size)
+
+using TileFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, size_t, float*, size_t);
+
+TileFn tile_fn() {
+#if RMOE_X86
+  const Isa isa = active_isa();
+  if (isa >= Isa::Avx512) return gemm_tile_avx512;
+  if (isa >= Isa::Avx2) return gemm_tile_avx2;
+#endif
+  return gemm_tile_scalar;
+}
+
+// Rows [r0, r1) of W [.., rb] against x [T, k]; adds into y[t * ldy + r].
+// buf: RB * KC floats owned by the calling thread.
+void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_t r1, const float* x, size_t T,
+               float* y, size_t ldy, float* buf, TileFn tile) {
+  const TypeInfo ti = type_info(type);
+  const bool direct = type == F32 && reinterpret_cast<uintptr_t>(w) % alignof(float) == 0;
+  const size_t nr = r1 - r0;
+  for (size_t kc = 0; kc < k; kc += KC) {
+    const size_t kn = std::min(KC, k - kc);
+    const float* wt;
+    size_t ldw;
+    if (direct) {
+      wt = reinterpret_cast<const float*>(w + r0 * rb) + kc;
+      ldw = k;
+    } else {
+      const size_t b0 = kc / (size_t)ti.block, nb = kn / (size_t)ti.block;
+      for (size_t r = 0; r < nr; ++r) dequant_blocks(type, w + (r0 + r) * rb + b0 * ti.bytes, buf + r * KC, nb);
+      wt = buf;
+      ldw = KC;
+    }
+    tile(wt, ldw, nr, x + kc, k, T, kn, y + r0, ldy);
+  }
+}
+
+}  // namespace
+
+void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const float* x, size_t T, float* y) {
+  std::memset(y, 0, T * rows * sizeof(float));
+  const TileFn tile = tile_fn();
+  std::vector<float> bufs((size_t)num_threads() * RB * KC);
+  const size_t nblocks = (rows + RB - 1) / RB;
+  parallel_for(nblocks, [&](size_t b0, size_t b1, int tid) {
+    float* buf = bufs.data() + (size_t)tid * RB * KC;
+    for (size_t b = b0; b < b1; ++b)
+      row_block(type, w, rb, k, b * RB, std::min(rows, (b + 1) * RB), x, T, y, rows, buf, tile);
+  });
+}
+
+void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k, const int32_t* ids,
+                   const float* x, size_t n, float* y) {
+  // Group the rows of x by expert so each expert's weights are read once.
+  std::vector<size_t> count(E + 1, 0), order(n);
+  for (size_t j = 0; j < n; ++j) ++count[(size_t)ids[j] + 1];
+  for (size_t e = 0; e < E; ++e) count[e + 1] += count[e];  // count[e] = first slot of expert e
+  std::vector<size_t> fill(count.begin(), count.end() - 1);
+  for (size_t j = 0; j < n; ++j) order[fill[(size_t)ids[j]]++] = j;
+  std::vector<float> xg(n * k), yg(n * rows, 0.0f);
+  for (size_t i = 0; i < n; ++i) std::memcpy(xg.data() + i * k, x + order[i] * k, k * sizeof(float));
+
+  // Work items: (expert, row block) over the experts in use.
+  const size_t nrb = (rows + RB - 1) / RB;
+  std::vector<size_t> used;
+  for (size_t e = 0; e < E; ++e)
+    if (count[e + 1] > count[e]) used.push_back(e);
+  const TileFn tile = tile_fn();
+  std::vector<float> bufs((size_t)num_threads() * RB * KC);
+  parallel_for(used.size() * nrb, [&](size_t i0, size_t i1, int tid) {
+    float* buf = bufs.data() + (size_t)tid * RB * KC;
+    for (size_t i = i0; i < i1; ++i) {
+      const size_t e = used[i / nrb], b = i % nrb;
+      const size_t t0 = count[e], nt = count[e + 1] - t0;
+      row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
+                yg.data() + t0 * rows, rows, buf, tile);
+    }
+  });
+  for (size_t i = 0; i < n; ++i) std::memcpy(y + order[i] * rows, yg.data() + i * rows, rows * sizeof(float));
+}
+
+}  // namespace ggml
+}  // namespace rmoe

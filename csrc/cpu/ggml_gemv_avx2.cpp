@@ -1,0 +1,85 @@
+// AVX2+FMA f32 tile kernel of the GGUF matmul: dot products of R weight rows
+// with T activation rows, 8 lanes at a time, remainders by masked loads.
+#include "ggml_kernels.h"
+
+#if RMOE_X86
+#include <immintrin.h>
+
+namespace rmoe {
+namespace ggml {
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R*T <= 12 accumulators + R weight registers fit in 16 ymm.
+template <int R, int T>
+void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t k, float* y, size_t ldy) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(w + r * ldw + i);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  if (i < k) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_maskload_ps(w + r * ldw + i, m);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_maskload_ps(x + t * ldx + i, m);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r] += hsum(acc[r][t]);
+}
+
+template <int R>
+void rows(const float* w, size_t ldw, const float* x, size_t ldx, size_t nt, size_t k, float* y, size_t ldy) {
+  size_t t = 0;
+  for (; t + 3 <= nt; t += 3) tile<R, 3>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy);
+  switch (nt - t) {
+    case 2: tile<R, 2>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy); break;
+    case 1: tile<R, 1>(w, ldw, x + t * ldx, ldx, k, y + t * ldy, ldy); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                    size_t k, float* y, size_t ldy) {
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) rows<4>(w + r * ldw, ldw, x, ldx, nt, k, y + r, ldy);
+  switch (nr - r) {
+    case 3: rows<3>(w + r * ldw, ldw, x, ldx, nt, k, y + r, ldy); break;
+    case 2: rows<2>(w + r * ldw, ldw, x, ldx, nt, k, y + r, ldy); break;
+    case 1: rows<1>(w + r * ldw, ldw, x, ldx, nt, k, y + r, ldy); break;
+    default: break;
+  }
+}
+
+}  // namespace ggml
+}  // namespace rmoe
+
+#else
+namespace rmoe {
+namespace ggml {
+void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                    size_t k, float* y, size_t ldy) {
+  gemm_tile_scalar(w, ldw, nr, x, ldx, nt, k, y, ldy);
+}
+}  // namespace ggml
+}  // namespace rmoe
+#endif

@@ -1,0 +1,47 @@
+// Entry points of the GGUF-type kernels (ggml_dequant.cpp, ggml_gemv.cpp) and
+// the per-ISA pieces they dispatch to. All pointers are raw; nothing here
+// touches Python, and callers release the GIL first.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace rmoe {
+namespace ggml {
+
+bool supported(int type);
+// Bytes one row of k weights takes; 0 when k is not a whole number of blocks.
+size_t row_bytes(int type, size_t k);
+
+// src: n weights of `type` (n a multiple of the block) -> dst [n] f32,
+// bit-exact with gguf-py's dequantizer. Multithreaded.
+void dequantize(int type, const uint8_t* src, float* dst, size_t n);
+
+// y [T, rows] = x [T, k] @ W^T, W [rows, rb] raw rows of `type` (rb = row_bytes).
+void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k,
+            const float* x, size_t T, float* y);
+
+// Stacked experts W [E, rows, rb]: y[j] = W[ids[j]] @ x[j] for j < n.
+// ids are checked by the caller (0 <= id < E).
+void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k,
+                   const int32_t* ids, const float* x, size_t n, float* y);
+
+// dequant_blocks_* of the active ISA (single-threaded).
+void dequant_blocks(int type, const uint8_t* src, float* dst, size_t nblk);
+
+// ---- per-ISA pieces (raw pointers, no STL: see ggml_blocks.h on linkage) ----
+
+// nblk blocks (elements for F16/BF16/F32) of `type` -> dst, bit-exact.
+void dequant_blocks_scalar(int type, const uint8_t* src, float* dst, size_t nblk);
+void dequant_blocks_avx2(int type, const uint8_t* src, float* dst, size_t nblk);
+void dequant_blocks_avx512(int type, const uint8_t* src, float* dst, size_t nblk);
+
+// y[t*ldy + r] += dot(w[r*ldw .. +k], x[t*ldx .. +k]) for r < nr, t < nt.
+void gemm_tile_scalar(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                      size_t k, float* y, size_t ldy);
+void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                    size_t k, float* y, size_t ldy);
+void gemm_tile_avx512(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
+                      size_t k, float* y, size_t ldy);
+
+}  // namespace ggml
+}  // namespace rmoe

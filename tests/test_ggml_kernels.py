@@ -1,0 +1,194 @@
+"""GGUF-type CPU kernels (csrc/cpu/ggml_*) against gguf-py's numpy dequantizer.
+
+Each ISA path runs in its own subprocess (the path is chosen once per process
+from RAPIDMOE_ISA) on the same inputs; the parent checks the results:
+* dequantize: bit-exact with gguf.quants.dequantize (random valid blocks);
+* matmul / expert_matmul: against deq(W) @ x in float64. Activations stay f32
+  and the weights are dequantized exactly, so the only error is f32 summation:
+  at most ~(k/lanes + chunks) roundings of 2^-24 relative to sum|w*x|; with
+  k = 768 and >= 8 lanes that is < 1e-5, and the bound below is 1e-5 * sum|w*x|.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as G
+
+from rapidmoe.engine import kernels
+
+TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K]
+# byte offsets of the f16 scale fields in one block: set to finite values, the rest stays random
+F16_FIELDS = {G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q8_0: [0], G.Q2_K: [80, 82],
+              G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208]}
+ISAS = ["scalar", "avx2", "avx512"]
+K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a partial one
+K_FLOAT = 97     # float types take any k: exercises the masked tails
+ROWS = 37        # odd, not a multiple of the 16-row blocks
+T_VALUES = [1, 3, 7, 20]
+
+
+def random_tensor(rng: np.random.Generator, qtype: G, rows: int, k: int) -> np.ndarray:
+    """Random valid tensor bytes [rows, row_bytes] of a GGUF type."""
+    if qtype == G.F32:
+        return rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8)
+    if qtype == G.F16:
+        return (rng.standard_normal((rows, k)) * 3).astype(np.float16).view(np.uint8)
+    if qtype == G.BF16:
+        return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    nb = rows * k // block
+    raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        scale = (rng.standard_normal(nb) * 0.02).astype(np.float16)
+        scale[::11] = np.float16(6e-6)  # an f16 subnormal
+        raw[:, off:off + 2] = scale.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(rows, -1)
+
+
+def oracle(raw: np.ndarray, qtype: G) -> np.ndarray:
+    return gguf.quants.dequantize(raw, qtype).astype(np.float32)
+
+
+def k_of(qtype: G) -> int:
+    return K_FLOAT if qtype in (G.F32, G.F16, G.BF16) else K
+
+
+WORKER = r"""
+import json, sys
+import numpy as np
+from rapidmoe.engine import kernels
+d = np.load(sys.argv[1])
+meta = json.loads(str(d["meta"]))
+out = {"isa": np.array(kernels.isa_info()["active"])}
+for name, qtype in meta["types"].items():
+    w = d["w_" + name]
+    out["deq_" + name] = kernels.ggml_dequantize(w, qtype, w.shape[0] * meta["k"][name])
+    for T in meta["T"]:
+        out[f"mm_{name}_{T}"] = kernels.ggml_matmul(w, qtype, d[f"x_{name}_{T}"])
+    if name in meta["experts"]:
+        out["ex_" + name] = kernels.ggml_expert_matmul(d["we_" + name], qtype, d["ids"], d["xe_" + name])
+out["f16_all"] = kernels.ggml_dequantize(d["all16"], 1, 65536)
+out["bf16_all"] = kernels.ggml_dequantize(d["all16"], 30, 65536)
+np.savez(sys.argv[2], **out)
+"""
+
+EXPERT_TYPES = [G.Q4_K, G.Q8_0, G.F16, G.Q6_K, G.Q4_1]
+E, E_ROWS, N_TOK = 5, 19, 9
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    rng = np.random.default_rng(1234)
+    arrays, meta = {}, {"types": {}, "k": {}, "T": T_VALUES, "experts": [t.name for t in EXPERT_TYPES]}
+    for qtype in TYPES:
+        k = k_of(qtype)
+        meta["types"][qtype.name] = int(qtype)
+        meta["k"][qtype.name] = k
+        arrays["w_" + qtype.name] = random_tensor(rng, qtype, ROWS, k)
+        for T in T_VALUES:
+            arrays[f"x_{qtype.name}_{T}"] = rng.standard_normal((T, k)).astype(np.float32)
+        if qtype in EXPERT_TYPES:
+            arrays["we_" + qtype.name] = np.stack([random_tensor(rng, qtype, E_ROWS, k) for _ in range(E)])
+            arrays["xe_" + qtype.name] = rng.standard_normal((N_TOK, k)).astype(np.float32)
+    arrays["all16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16)  # every 16-bit pattern
+    arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3], dtype=np.int32)  # expert 2 unused, repeats
+    assert len(arrays["ids"]) == N_TOK
+    path = tmp_path_factory.mktemp("ggml") / "in.npz"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path, arrays
+
+
+def run_isa(isa: str, inputs, tmp_path) -> dict:
+    available = kernels.isa_info()
+    if isa != "scalar" and not available[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    out = tmp_path / f"out_{isa}.npz"
+    env = dict(os.environ, RAPIDMOE_ISA=isa)
+    subprocess.run([sys.executable, "-c", WORKER, str(inputs), str(out)], env=env, check=True, timeout=120)
+    res = dict(np.load(out))
+    assert str(res["isa"]) == isa
+    return res
+
+
+def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray) -> None:
+    ref = x.astype(np.float64) @ wf.astype(np.float64).T
+    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(wf).astype(np.float64).T) + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.shape == ref.shape
+    assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_isa_path_matches_numpy(isa, cases, tmp_path):
+    inputs, arrays = cases
+    res = run_isa(isa, inputs, tmp_path)
+    for qtype in TYPES:
+        name, w = qtype.name, arrays["w_" + qtype.name]
+        wf = oracle(w, qtype)
+        got = res["deq_" + name]
+        assert got.dtype == np.float32 and got.shape == (wf.size,)
+        assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), f"{name} dequantize differs"
+        for T in T_VALUES:
+            assert_matmul_close(res[f"mm_{name}_{T}"], wf, arrays[f"x_{name}_{T}"])
+        if qtype in EXPERT_TYPES:
+            we, xe, ids = arrays["we_" + name], arrays["xe_" + name], arrays["ids"]
+            y = res["ex_" + name]
+            for j, e in enumerate(ids):
+                assert_matmul_close(y[j:j + 1], oracle(we[e], qtype), xe[j:j + 1])
+    # every f16 / bf16 bit pattern; hardware converters quiet signalling NaNs, so
+    # f16 NaNs only need to stay NaN
+    bits = arrays["all16"]
+    ref16 = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref16)
+    assert np.array_equal(res["f16_all"][~nan].view(np.uint32), ref16[~nan].view(np.uint32))
+    assert np.isnan(res["f16_all"][nan]).all()
+    refbf = oracle(bits.view(np.uint8).reshape(1, -1), G.BF16).reshape(-1)
+    assert np.array_equal(res["bf16_all"].view(np.uint32), refbf.view(np.uint32))
+
+
+def test_results_do_not_depend_on_thread_count():
+    rng = np.random.default_rng(5)
+    w = random_tensor(rng, G.Q4_K, 100, 512)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    before = kernels.num_threads()
+    try:
+        kernels.set_num_threads(1)
+        y1 = kernels.ggml_matmul(w, G.Q4_K, x)
+        kernels.set_num_threads(2)
+        y2 = kernels.ggml_matmul(w, G.Q4_K, x)
+    finally:
+        kernels.set_num_threads(before)
+    assert np.array_equal(y1, y2)
+
+
+def test_memmap_weights_and_vector_input(tmp_path):
+    # a read-only memory map, as a GGUF tensor view is, with the typed F16 view
+    rng = np.random.default_rng(6)
+    wf = (rng.standard_normal((33, 64))).astype(np.float16)
+    path = tmp_path / "w.bin"
+    wf.tofile(path)
+    mm = np.memmap(path, dtype=np.float16, mode="r", shape=(33, 64))
+    x = rng.standard_normal(64).astype(np.float32)
+    y = kernels.ggml_matmul(mm, G.F16, x)
+    assert y.shape == (33,)
+    assert_matmul_close(y[None], wf.astype(np.float32), x[None])
+
+
+def test_bad_inputs_raise():
+    w = np.zeros((4, 144), np.uint8)  # 4 rows of one Q4_K block
+    with pytest.raises(ValueError):
+        kernels.ggml_matmul(w, G.Q4_K, np.zeros((1, 128), np.float32))  # k mismatch
+    with pytest.raises(ValueError):
+        kernels.ggml_matmul(w, 99, np.zeros((1, 256), np.float32))  # unknown type
+    with pytest.raises(ValueError):
+        kernels.ggml_dequantize(w, G.Q4_K, 5 * 256)  # more weights than bytes
+    with pytest.raises(ValueError):
+        kernels.ggml_expert_matmul(w.reshape(2, 2, 144), G.Q4_K, np.array([0, 2]), np.zeros((2, 256), np.float32))
+    assert kernels.ggml_row_bytes(G.Q4_K, 300) == 0
+    assert kernels.ggml_row_bytes(G.Q6_K, 512) == 420
