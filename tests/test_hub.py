@@ -210,6 +210,7 @@ def test_ctrl_c_leaves_resumable_partial(hub, tmp_path):
     assert proc.returncode == 130, err
     assert "run the same command again to resume" in err and out == ""
     assert part.stat().st_size == 100_001
+    assert list_cached() == []  # a partial is not a model
     seen = []
     paths = pull(REPO, progress=seen.append)
     assert cdn_gets(hub)[-1].headers["Range"] == "bytes=100001-"
