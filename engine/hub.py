@@ -28,7 +28,7 @@ from huggingface_hub.errors import (
 from . import hub_cache as hc
 from .errors import UserError
 from .hub_cache import CachedModel, hub_cache_dir, list_cached
-from .hub_download import DownloadProgress, ProgressFn, _Rate, fetch_blob
+from .hub_download import DownloadProgress, ProgressFn, _Rate, _same_origin, fetch_blob
 from .hub_resolve import DEFAULT_QUANT, ModelRef, group_ggufs, looks_local, parse_spec, select_quant
 
 __all__ = [
@@ -192,16 +192,23 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
         return
     folder = hc.repo_dir(ref.repo)
     blob = folder / "blobs" / meta.etag
-    try:
-        fetch_blob(
-            url=meta.location,
-            endpoint=endpoint,
-            blob=blob,
-            lock_path=hub_cache_dir() / ".locks" / folder.name / f"{meta.etag}.lock",
-            size=size,
-            sha256=(ref.sha256[i] if ref.sha256 else None) or meta.etag,
-            report=report,
-        )
-    except (HfHubHTTPError, *_NET_ERRORS) as e:
-        raise _hub_error(ref.repo, e, "; run the same command again to resume") from None
+    for attempt in (0, 1):
+        try:
+            fetch_blob(
+                url=meta.location,
+                endpoint=endpoint,
+                blob=blob,
+                lock_path=hub_cache_dir() / ".locks" / folder.name / f"{meta.etag}.lock",
+                size=size,
+                sha256=(ref.sha256[i] if ref.sha256 else None) or meta.etag,
+                report=report,
+            )
+            break
+        except (HfHubHTTPError, *_NET_ERRORS) as e:
+            # A signed CDN link can expire during a long pull: ask the Hub for a fresh one, once.
+            status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
+            if attempt == 0 and status in (401, 403) and not _same_origin(meta.location, endpoint):
+                meta = _head(ref, f, endpoint)
+                continue
+            raise _hub_error(ref.repo, e, "; run the same command again to resume") from None
     hc.link_pointer(blob, pointer)

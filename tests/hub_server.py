@@ -56,6 +56,9 @@ class FakeHub:
         self.stall_after: dict[str, int] = {}  # sha256 -> bytes to send before hanging (once)
         self.release = threading.Event()  # ends a stall
         self.ignore_range = False  # answer 200 + the whole file to a Range request
+        self.expire_on_cut = False  # a cut also expires the signed CDN link it used (403 after)
+        self.expired: set[str] = set()  # signatures the CDN refuses
+        self._sig = 0
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
         self._conns: set = set()  # open client sockets: stop() cuts kept-alive ones too
@@ -162,7 +165,10 @@ def _make_handler(hub: FakeHub, origin: str):
             path, query = unquote(url.path), parse_qs(url.query)
             if origin == "cdn":
                 m = re.fullmatch(r"/lfs/([0-9a-f]{64})", path)
-                return self._cdn(m.group(1)) if m else self._error(404, "EntryNotFound", "no such blob")
+                sig = query.get("X-Amz-Signature", [""])[0]
+                if sig in hub.expired:
+                    return self._send(403, b"<Error><Code>AccessDenied</Code></Error>")
+                return self._cdn(m.group(1), sig) if m else self._error(404, "EntryNotFound", "no such blob")
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if m:
                 return self._info(m.group(1), m.group(2) or "main", query)
@@ -245,13 +251,15 @@ def _make_handler(hub: FakeHub, origin: str):
             common = {"X-Repo-Commit": r.commit, "Accept-Ranges": "bytes"}
             if r.is_lfs(p):
                 sha = hashlib.sha256(content).hexdigest()
-                loc = f"{hub.cdn}/lfs/{sha}?X-Amz-Signature=fake"
+                with hub._lock:
+                    hub._sig += 1
+                    loc = f"{hub.cdn}/lfs/{sha}?X-Amz-Signature=s{hub._sig}"
                 self._send(302, b"", {**common, "Location": loc, "ETag": f'"{git_oid}"',
                                       "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(r.size(p))})
                 return
             self._send(200, content, {**common, "ETag": f'"{git_oid}"', "Content-Type": "application/octet-stream"})
 
-        def _cdn(self, sha: str) -> None:
+        def _cdn(self, sha: str, sig: str) -> None:
             content = hub.blobs.get(sha)
             if content is None:
                 return self._error(404, "EntryNotFound", "no such blob")
@@ -282,6 +290,8 @@ def _make_handler(hub: FakeHub, origin: str):
             self.wfile.flush()
             if stall is not None:
                 hub.release.wait(20)
+            if cut is not None and hub.expire_on_cut:
+                hub.expired.add(sig)
             # Drop the line mid-body: the client sees fewer bytes than Content-Length.
             self.close_connection = True
             self.connection.shutdown(2)

@@ -183,6 +183,16 @@ def test_cut_connection_resumes_with_range(hub):
     assert seen[-1].done == len(Q4) and seen[-1].finished
 
 
+def test_expired_cdn_link_is_renewed(hub):
+    digest = hashlib.sha256(Q4).hexdigest()
+    hub.cut_after[digest] = 150_000
+    hub.expire_on_cut = True
+    paths = pull(REPO)
+    gets = [(g.path.rsplit("=", 1)[1], g.headers.get("Range")) for g in cdn_gets(hub)]
+    assert gets == [("s1", None), ("s1", "bytes=150000-"), ("s2", "bytes=150000-")]
+    assert len(hub.requests("hub", "HEAD")) == 2 and sha(paths[0]) == digest
+
+
 def test_server_ignoring_range_restarts_cleanly(hub):
     digest = hashlib.sha256(Q4).hexdigest()
     hub.cut_after[digest] = 200_000
