@@ -28,7 +28,7 @@ from huggingface_hub.errors import (
 from . import hub_cache as hc
 from .errors import UserError
 from .hub_cache import CachedModel, hub_cache_dir, list_cached
-from .hub_download import DownloadProgress, ProgressFn, _Rate, _same_origin, fetch_blob
+from .hub_download import DownloadProgress, ProgressFn, _Rate, fetch_blob, same_origin
 from .hub_resolve import DEFAULT_QUANT, ModelRef, group_ggufs, looks_local, parse_spec, select_quant
 
 __all__ = [
@@ -207,7 +207,7 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
         except (HfHubHTTPError, *_NET_ERRORS) as e:
             # A signed CDN link can expire during a long pull: ask the Hub for a fresh one, once.
             status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
-            if attempt == 0 and status in (401, 403) and not _same_origin(meta.location, endpoint):
+            if attempt == 0 and status in (401, 403) and not same_origin(meta.location, endpoint):
                 meta = _head(ref, f, endpoint)
                 continue
             raise _hub_error(ref.repo, e, "; run the same command again to resume") from None

@@ -63,7 +63,7 @@ class _Rate:
         return (done - d0) / (t - t0) if t > t0 else 0.0
 
 
-def _same_origin(a: str, b: str) -> bool:
+def same_origin(a: str, b: str) -> bool:
     pa, pb = urlsplit(a), urlsplit(b)
     return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
 
@@ -100,7 +100,7 @@ def fetch_blob(
                 for chunk in iter(lambda: f.read(1 << 22), b""):
                     hasher.update(chunk)
         # The token goes to the Hub only, never to a CDN the Hub redirects to.
-        headers = build_hf_headers() if _same_origin(url, endpoint) else build_hf_headers(token=False)
+        headers = build_hf_headers() if same_origin(url, endpoint) else build_hf_headers(token=False)
         headers["Accept-Encoding"] = "identity"
         st = _State(done, size, hasher)
         failures = 0
