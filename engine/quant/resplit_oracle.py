@@ -1,0 +1,396 @@
+"""numpy oracle of the residual-split expert formats (WQ, WR, D4).
+
+The C++ quantizers (csrc/cpu/resplit_quant.cpp) must reproduce these bytes
+exactly, so every float step here is float32, every reduction runs in a fixed
+sequential order, and rounding is round-half-even (np.rint == nearbyintf).
+
+WQ  low-bit part of gate/up/down, 2.0 bpw.  Row = ceil(n/32) blocks of 8 bytes.
+    Ternary t in {-1,0,1} with one scale per 32 weights.
+
+      byte:  0       1       2       3       4       5       6           7
+           +-------+-------+-------+-------+-------+-------+-----+-----+--------+
+           | 5 trits each, base-3 fraction code            |2 tri|s3:0 | s11:4  |
+           +-------+-------+-------+-------+-------+-------+-----+-----+--------+
+      byte j<6 = ceil(c*256/243), c = sum_i (t_i+1)*3^(4-i): digit i = weight 6i+j
+      byte 6 bits 7:4 = ceil(c2*16/9), c2 = 3*(t30+1)+(t31+1); bits 3:0 scale low
+      scale s (12 bits) = float16 bits 14:3 (positive, 7-bit mantissa)
+      decode digit i of a byte b: u = b*3^i mod 256 ... d_i = (3*u) >> 8
+
+WR  residual of gate/up after WQ, 2.63 bpw (+2 bytes per row).
+    Row = f16 D, then ceil(n/64) blocks of 21 bytes; 5 levels r in {-2..2}.
+
+      bytes 0-15 : lo16[g], g = 0..7      (code v_g bits 15:0)
+      bytes 16-18: 24 bits, hi3[g] at bits 3g+2:3g   (v_g bits 18:16)
+      bytes 19-20: 16 bits, k_s at bits 4s+3:4s, s = 0..3 (one per 16 weights)
+      v_g = ceil(c*2^19/5^8), c = sum_i (r_ig+2)*5^(7-i): digit i = weight 8i+g
+      sub-scale of weights 16s..16s+15: D * 2^(-k_s/4)
+
+D4  CPU copy of down_proj, 4.5 bpw (+4 bytes per row).
+    Row = f16 D, f16 M, then ceil(n/32) blocks of 18 bytes.
+
+      bytes 0-15: byte j = q_j | q_{j+16} << 4    (q in 0..15)
+      byte 16   : sc (u8)    byte 17: mn (u8)
+      w = (D*sc)*q - (M*mn)
+
+WQ and WR are designed together (a nested grid): WQ's block scale is picked
+among candidates for the error of deq(WQ)+deq(WR) (WQ alone then loses ~13% RMSE against its own best
+scale), so WR's 5 levels refine the chosen ternary cell; the residual of an
+independently chosen WQ would need ~7 levels for the same error.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+WQ_BLOCK, WQ_BYTES = 32, 8
+WR_BLOCK, WR_BYTES, WR_HEADER = 64, 21, 2
+D4_BLOCK, D4_BYTES, D4_HEADER = 32, 18, 4
+
+# Candidate WQ scales for the joint search, as fractions of the block's max|w|.
+WQ_FRACS = np.array([0.3 + 0.025 * i for i in range(25)], np.float32)
+WQ_ALONE_PENALTY = np.float32(0.0)   # weight of WQ-alone error in the joint score (0: combined only)
+WR_DIV = np.float32(8.0)             # row header D = max|w| / 8
+WR_TABLE = np.array([2.0 ** (-k / 4.0) for k in range(16)], np.float32)
+WR_WINDOW = 4                        # sub-scale codes tried around the nested one
+D4_STEPS = 20                        # scale search steps per 32 weights
+
+_F32 = np.float32
+
+
+# ---------------------------------------------------------------- helpers
+def _f16(x) -> np.ndarray:
+    """float32 -> float16 -> float32, round-half-even, clamped to the finite range."""
+    return np.clip(np.asarray(x, np.float32), -65504.0, 65504.0).astype(np.float16).astype(np.float32)
+
+
+def _scale12_encode(d: np.ndarray) -> np.ndarray:
+    """Positive float32 -> 12-bit code (float16 bits 14:3, rounded on the bit pattern)."""
+    h = np.clip(d, 0, 60000.0).astype(np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    return np.minimum((h + 4) >> 3, 0xF7F)
+
+
+def _scale12_decode(code: np.ndarray) -> np.ndarray:
+    return (np.asarray(code, np.uint32) << 3).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _pad_rows(w: np.ndarray, mult: int) -> np.ndarray:
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    n = w.shape[-1]
+    npad = -(-n // mult) * mult
+    if npad == n:
+        return w.reshape(-1, n)
+    out = np.zeros((int(np.prod(w.shape[:-1])), npad), np.float32)
+    out[:, :n] = w.reshape(-1, n)
+    return out
+
+
+def _seqsum(a: np.ndarray) -> np.ndarray:
+    """Sum over the last axis in index order (float32), as the C++ loops do."""
+    acc = np.zeros(a.shape[:-1], np.float32)
+    for j in range(a.shape[-1]):
+        acc = acc + a[..., j]
+    return acc
+
+
+def row_bytes(fmt: str, n: int) -> int:
+    """Bytes of one quantized row of n weights."""
+    if fmt == "wq":
+        return -(-n // WQ_BLOCK) * WQ_BYTES
+    if fmt == "wr":
+        return WR_HEADER + -(-n // WR_BLOCK) * WR_BYTES
+    if fmt == "d4":
+        return D4_HEADER + -(-n // D4_BLOCK) * D4_BYTES
+    raise ValueError(f"unknown resplit format {fmt!r}")
+
+
+def bits_per_weight(fmt: str, n: int) -> float:
+    return row_bytes(fmt, n) * 8.0 / n
+
+
+# ---------------------------------------------------------------- WQ
+def _tern_codes(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """t in {-1,0,1} = clip(rint(x/d)); d == 0 gives 0.  x [B,32], d [B]."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.clip(np.rint(x / d[:, None]), -1, 1)
+    return np.where(d[:, None] > 0, t, 0).astype(np.float32)
+
+
+def _wq_alone_scale(x: np.ndarray) -> np.ndarray:
+    """Least-squares-optimal ternary scale per block: max over k of (top-k sum)^2/k."""
+    a = -np.sort(-np.abs(x), axis=1)
+    cs = np.cumsum(a, axis=1, dtype=np.float32)
+    k = np.arange(1, x.shape[1] + 1, dtype=np.float32)
+    score = cs * cs / k
+    best = np.argmax(score, axis=1)  # first maximum, as the C++ strict '>' scan
+    return (cs[np.arange(len(x)), best] / k[best]).astype(np.float32)
+
+
+def _wr_search(e: np.ndarray, D: np.ndarray, dq: np.ndarray):
+    """Best WR sub-scale code per 16 weights for residual e [B,32] given WQ scale dq [B].
+
+    Returns (k [B,2] int, err [B] float32 summed over both sub-blocks).
+    """
+    B = e.shape[0]
+    target = dq / _F32(5.0)
+    tab = D[:, None] * WR_TABLE[None, :]                  # [B,16]
+    kc = np.argmin(np.abs(tab - target[:, None]), axis=1)  # nested code
+    best_err = np.full((B, 2), np.inf, np.float32)
+    best_k = np.zeros((B, 2), np.int64)
+    for off in range(-WR_WINDOW, WR_WINDOW + 1):
+        k = kc + off
+        valid = (k >= 0) & (k <= 15)
+        kk = np.clip(k, 0, 15)
+        dr = (D * WR_TABLE[kk]).astype(np.float32)
+        for s in range(2):
+            es = e[:, 16 * s:16 * s + 16]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.clip(np.rint(es / dr[:, None]), -2, 2)
+            r = np.where(dr[:, None] > 0, r, 0).astype(np.float32)
+            diff = es - dr[:, None] * r
+            err = _seqsum(diff * diff)
+            upd = valid & (err < best_err[:, s])
+            best_err[:, s] = np.where(upd, err, best_err[:, s])
+            best_k[:, s] = np.where(upd, kk, best_k[:, s])
+    return best_k, best_err[:, 0] + best_err[:, 1]
+
+
+def _pack_wq(t: np.ndarray, code: np.ndarray) -> np.ndarray:
+    """t [B,32] in {-1,0,1}, code [B] 12-bit -> [B,8] uint8."""
+    u = (t + 1).astype(np.int64)
+    out = np.zeros((len(t), 8), np.uint8)
+    for j in range(6):
+        c = np.zeros(len(t), np.int64)
+        for i in range(5):
+            c = c * 3 + u[:, 6 * i + j]
+        out[:, j] = (c * 256 + 242) // 243
+    c2 = u[:, 30] * 3 + u[:, 31]
+    v4 = (c2 * 16 + 8) // 9
+    out[:, 6] = ((v4 << 4) | (code & 0xF)).astype(np.uint8)
+    out[:, 7] = (code >> 4).astype(np.uint8)
+    return out
+
+
+def _digits(v: np.ndarray, base: int, bits: int, n: int) -> np.ndarray:
+    """Fraction-code digits: d_i = (base*u) >> bits, u <- base*u mod 2^bits."""
+    u = v.astype(np.int64)
+    out = []
+    for _ in range(n):
+        u = u * base
+        out.append(u >> bits)
+        u = u & ((1 << bits) - 1)
+    return np.stack(out, axis=-1)
+
+
+def _unpack_wq(q: np.ndarray):
+    """[B,8] uint8 -> (t [B,32] float32 in {-1,0,1}, dq [B] float32)."""
+    t = np.zeros((len(q), 32), np.float32)
+    d5 = _digits(q[:, :6], 3, 8, 5)  # [B,6,5]
+    for i in range(5):
+        t[:, 6 * i:6 * i + 6] = d5[:, :, i] - 1
+    d2 = _digits(q[:, 6] & 0xF0, 3, 8, 2)
+    t[:, 30:32] = d2 - 1
+    code = (q[:, 6].astype(np.uint32) & 0xF) | (q[:, 7].astype(np.uint32) << 4)
+    return t, _scale12_decode(code)
+
+
+def quantize_wq(w: np.ndarray) -> np.ndarray:
+    """WQ alone (down_proj): best ternary scale per block. w [..., n] -> [..., row_bytes]."""
+    shape = w.shape
+    x = _pad_rows(w, WQ_BLOCK).reshape(-1, 32)
+    dq = _scale12_decode(code := _scale12_encode(_wq_alone_scale(x)))
+    t = _tern_codes(x, dq)
+    return _pack_wq(t, code).reshape(*shape[:-1], row_bytes("wq", shape[-1]))
+
+
+def dequantize_wq(q: np.ndarray, n: int) -> np.ndarray:
+    shape = q.shape
+    t, dq = _unpack_wq(np.ascontiguousarray(q, np.uint8).reshape(-1, 8))
+    w = (dq[:, None] * t).reshape(*shape[:-1], -1)
+    return w[..., :n]
+
+
+# ---------------------------------------------------------------- WQ + WR jointly
+def quantize_wq_wr(w: np.ndarray):
+    """gate/up: (WQ bytes, WR bytes), WQ's scale chosen for deq(WQ)+deq(WR)."""
+    shape = w.shape
+    n = shape[-1]
+    rows = _pad_rows(w, WR_BLOCK)                       # [R, n64]
+    R, n64 = rows.shape
+    amax_row = np.zeros(R, np.float32)
+    for j in range(n64):
+        amax_row = np.maximum(amax_row, np.abs(rows[:, j]))
+    D = _f16(amax_row / WR_DIV)                         # [R]
+    x = rows.reshape(-1, 32)                            # [B,32], B = R*n64/32
+    Db = np.repeat(D, n64 // 32)
+    am = np.zeros(len(x), np.float32)
+    for j in range(32):
+        am = np.maximum(am, np.abs(x[:, j]))
+    cands = [_wq_alone_scale(x)] + [am * f for f in WQ_FRACS]
+    best = np.full(len(x), np.inf, np.float32)
+    best_code = np.zeros(len(x), np.uint32)
+    best_k = np.zeros((len(x), 2), np.int64)
+    for d in cands:
+        code = _scale12_encode(d)
+        dq = _scale12_decode(code)
+        t = _tern_codes(x, dq)
+        e = x - dq[:, None] * t
+        k, comb = _wr_search(e, Db, dq)
+        score = comb + WQ_ALONE_PENALTY * _seqsum(e * e)
+        upd = score < best
+        best = np.where(upd, score, best)
+        best_code = np.where(upd, code, best_code)
+        best_k = np.where(upd[:, None], k, best_k)
+    dq = _scale12_decode(best_code)
+    t = _tern_codes(x, dq)
+    e = x - dq[:, None] * t
+    dr = (Db[:, None] * WR_TABLE[best_k]).astype(np.float32)  # [B,2]
+    drw = np.repeat(dr, 16, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.clip(np.rint(e / drw), -2, 2)
+    r = np.where(drw > 0, r, 0)
+    wq = _pack_wq(t, best_code).reshape(*shape[:-1], row_bytes("wq", n))
+    wr = _pack_wr(r.reshape(R, n64), best_k.reshape(R, -1), D)
+    return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))
+
+
+def _pack_wr(r: np.ndarray, k: np.ndarray, D: np.ndarray) -> np.ndarray:
+    """r [R,n64] in -2..2, k [R,n64/16], D [R] -> [R, 2 + nb*21] uint8."""
+    R, n64 = r.shape
+    nb = n64 // 64
+    u = (r + 2).astype(np.int64).reshape(R, nb, 8, 8)  # [R,nb,i,g]
+    c = np.zeros((R, nb, 8), np.int64)
+    for i in range(8):
+        c = c * 5 + u[:, :, i, :]
+    v = (c * (1 << 19) + 390624) // 390625              # [R,nb,g] < 2^19
+    blk = np.zeros((R, nb, 21), np.uint8)
+    blk[:, :, 0:16] = (v & 0xFFFF).astype("<u2").view(np.uint8).reshape(R, nb, 16)
+    hi = np.zeros((R, nb), np.int64)
+    for g in range(8):
+        hi |= (v[:, :, g] >> 16) << (3 * g)
+    for b in range(3):
+        blk[:, :, 16 + b] = (hi >> (8 * b)) & 0xFF
+    kk = k.reshape(R, nb, 4).astype(np.int64)
+    sc = kk[..., 0] | (kk[..., 1] << 4) | (kk[..., 2] << 8) | (kk[..., 3] << 12)
+    blk[:, :, 19] = sc & 0xFF
+    blk[:, :, 20] = sc >> 8
+    out = np.zeros((R, 2 + nb * 21), np.uint8)
+    out[:, :2] = D.astype(np.float16).view(np.uint8).reshape(R, 2)
+    out[:, 2:] = blk.reshape(R, -1)
+    return out
+
+
+def dequantize_wr(q: np.ndarray, n: int) -> np.ndarray:
+    shape = q.shape
+    q = np.ascontiguousarray(q, np.uint8).reshape(-1, shape[-1])
+    R = len(q)
+    D = q[:, :2].copy().view(np.float16).astype(np.float32)[:, 0]
+    nb = (shape[-1] - 2) // 21
+    blk = q[:, 2:].reshape(R, nb, 21)
+    lo = blk[:, :, 0:16].copy().view("<u2").astype(np.int64)  # [R,nb,8]
+    hi = blk[:, :, 16].astype(np.int64) | (blk[:, :, 17].astype(np.int64) << 8) | (blk[:, :, 18].astype(np.int64) << 16)
+    v = lo | (((hi[:, :, None] >> (3 * np.arange(8))) & 7) << 16)
+    d = _digits(v, 5, 19, 8)                            # [R,nb,g,i]
+    sc = blk[:, :, 19].astype(np.int64) | (blk[:, :, 20].astype(np.int64) << 8)
+    k = (sc[:, :, None] >> (4 * np.arange(4))) & 0xF    # [R,nb,4]
+    dr = (D[:, None, None] * WR_TABLE[k]).astype(np.float32)
+    vals = (d.transpose(0, 1, 3, 2) - 2).astype(np.float32)  # [R,nb,i,g]
+    w = dr[:, :, :, None, None] * vals.reshape(R, nb, 4, 2, 8)
+    return w.reshape(*shape[:-1], nb * 64)[..., :n]
+
+
+# ---------------------------------------------------------------- D4
+def _d4_search(x: np.ndarray):
+    """Asymmetric 4-bit fit per block: (scale [B], minv [B] >= 0), w ~ scale*q - minv."""
+    B = len(x)
+    mn = np.zeros(B, np.float32)
+    mx = x[:, 0].copy()
+    mn = np.minimum(mn, x[:, 0])
+    for j in range(1, 32):
+        mn = np.minimum(mn, x[:, j])
+        mx = np.maximum(mx, x[:, j])
+    span = mx - mn
+    ok = span > 0
+    span1 = np.where(ok, span, _F32(1))
+    best_err = np.full(B, np.inf, np.float32)
+    best_s = np.zeros(B, np.float32)
+    best_m = -mn
+    for step in range(D4_STEPS + 1):
+        iscale = (_F32(14.0) + _F32(0.1) * _F32(step)) / span1
+        L = np.clip(np.rint((x - mn[:, None]) * iscale[:, None]), 0, 15).astype(np.float32)
+        sl = _seqsum(L)
+        sl2 = _seqsum(L * L)
+        sx = _seqsum(x)
+        sxl = _seqsum(x * L)
+        det = _F32(32.0) * sl2 - sl * sl
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = (_F32(32.0) * sxl - sx * sl) / det
+            m = (sl2 * sx - sl * sxl) / det
+            pos = m > 0
+            s = np.where(pos, sxl / sl2, s)
+            m = np.where(pos, _F32(0), m)
+        diff = s[:, None] * L + m[:, None] - x
+        err = _seqsum(diff * diff)
+        upd = ok & (det > 0) & (err < best_err)
+        best_err = np.where(upd, err, best_err)
+        best_s = np.where(upd, s, best_s)
+        best_m = np.where(upd, -m, best_m)
+    return np.where(ok, best_s, 0).astype(np.float32), np.maximum(best_m, 0).astype(np.float32)
+
+
+def quantize_d4(w: np.ndarray) -> np.ndarray:
+    shape = w.shape
+    n = shape[-1]
+    rows = _pad_rows(w, D4_BLOCK)
+    R, n32 = rows.shape
+    nb = n32 // 32
+    x = rows.reshape(-1, 32)
+    s, m = _d4_search(x)
+    s = s.reshape(R, nb)
+    m = m.reshape(R, nb)
+    smax = np.zeros(R, np.float32)
+    mmax = np.zeros(R, np.float32)
+    for b in range(nb):
+        smax = np.maximum(smax, s[:, b])
+        mmax = np.maximum(mmax, m[:, b])
+    D = _f16(smax / _F32(255.0))
+    M = _f16(mmax / _F32(255.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(D[:, None] > 0, np.minimum(np.rint(s / D[:, None]), 255), 0)
+        mc = np.where(M[:, None] > 0, np.minimum(np.rint(m / M[:, None]), 255), 0)
+    d = (D[:, None] * sc.astype(np.float32)).reshape(-1)
+    dm = (M[:, None] * mc.astype(np.float32)).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.clip(np.rint((x + dm[:, None]) / d[:, None]), 0, 15)
+    L = np.where(d[:, None] > 0, L, 0).astype(np.uint8)
+    blk = np.zeros((R * nb, 18), np.uint8)
+    blk[:, :16] = L[:, :16] | (L[:, 16:] << 4)
+    blk[:, 16] = sc.reshape(-1)
+    blk[:, 17] = mc.reshape(-1)
+    out = np.zeros((R, 4 + nb * 18), np.uint8)
+    out[:, 0:2] = D.astype(np.float16).view(np.uint8).reshape(R, 2)
+    out[:, 2:4] = M.astype(np.float16).view(np.uint8).reshape(R, 2)
+    out[:, 4:] = blk.reshape(R, -1)
+    return out.reshape(*shape[:-1], row_bytes("d4", n))
+
+
+def dequantize_d4(q: np.ndarray, n: int) -> np.ndarray:
+    shape = q.shape
+    q = np.ascontiguousarray(q, np.uint8).reshape(-1, shape[-1])
+    R = len(q)
+    D = q[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    M = q[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    nb = (shape[-1] - 4) // 18
+    blk = q[:, 4:].reshape(R, nb, 18)
+    L = np.concatenate([blk[:, :, :16] & 0xF, blk[:, :, :16] >> 4], axis=2).astype(np.float32)
+    d = D[:, None] * blk[:, :, 16].astype(np.float32)
+    dm = M[:, None] * blk[:, :, 17].astype(np.float32)
+    w = d[:, :, None] * L - dm[:, :, None]
+    return w.reshape(*shape[:-1], nb * 32)[..., :n]
+
+
+QUANTIZE = {"wq": quantize_wq, "d4": quantize_d4}
+DEQUANTIZE = {"wq": dequantize_wq, "wr": dequantize_wr, "d4": dequantize_d4}
+
+
+def dequantize(fmt: str, q: np.ndarray, n: int) -> np.ndarray:
+    """Any resplit format: [..., row_bytes] uint8 -> [..., n] float32."""
+    return DEQUANTIZE[fmt](q, n)
