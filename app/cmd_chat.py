@@ -12,9 +12,10 @@ from ..engine.events import Finished, PromptProcessed, TextDelta
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=None, help="GGUF path, or 'demo' (default: the built-in demo model)")
+    p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,10 +57,19 @@ def load_for_cli(args, quiet: bool = False):
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
-    with StepProgress(enabled=not quiet) as prog:
-        return load_model(args.model, n_ctx=args.ctx, progress=prog)
+    from .cmd_pull import BarProgress, LineProgress
+
+    dl = None if quiet else (BarProgress() if sys.stderr.isatty() else LineProgress())
+    try:
+        with StepProgress(enabled=not quiet) as prog:
+            return load_model(args.model, n_ctx=args.ctx, progress=prog, download_progress=dl)
+    finally:
+        if dl is not None:
+            dl.close()
 
 
 def run(args) -> int:

@@ -24,21 +24,30 @@ class Model:
     file_bytes: int = 0
 
 
-def resolve_model_path(spec: str | os.PathLike | None, progress=None) -> Path:
-    """'demo' (or None) -> the built-in demo model; otherwise a local GGUF path."""
+def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_progress=None) -> Path:
+    """'demo' (or None) -> the built-in demo model; a local GGUF path; or a Hub
+    `REPO[:QUANT]`, pulled into the Hugging Face cache when it is not there yet."""
     if spec is None or str(spec) == "demo":
         from .demo import demo_model_path
 
         return demo_model_path(progress=progress)
-    p = Path(spec).expanduser()
-    if not p.exists():
-        raise ModelFileError(p, "no such file")
-    return p
+    from .hub_resolve import looks_local
+
+    if isinstance(spec, Path) or looks_local(str(spec)):
+        p = Path(spec).expanduser()
+        if not p.exists():
+            raise ModelFileError(p, "no such file")
+        return p
+    from .hub import pull
+
+    return pull(str(spec), progress=download_progress)[0]
 
 
-def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None) -> Model:
-    """progress(step: str, done: int, total: int) is called during loading."""
-    path = resolve_model_path(spec, progress=progress)
+def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None,
+               download_progress=None) -> Model:
+    """progress(step: str, done: int, total: int) is called during loading;
+    download_progress(DownloadProgress) while a Hub model is pulled."""
+    path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
     gguf = GGUFFile(path)
     cfg = config_from_metadata(gguf.metadata, str(path))
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
