@@ -18,6 +18,26 @@ from .errors import UserError
 # Unicode White_Space: what llama.cpp's \s means (no \x1c-\x1f, unlike Python's re)
 WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 
+# Characters assigned in Unicode 16.0 and 17.0 (with the gaps between them). llama.cpp's
+# category tables are Unicode 15.1, so to it these are unassigned, while the regex module
+# knows them as letters, marks, symbols...; they are matched as an unassigned character
+# (U+0378) instead, so that the words come out as llama.cpp cuts them.
+_NEWER = regex.compile("["
+    "\U0000088F\U00000897\U00000C5C\U00000CDC\U00001ACF-\U00001AEB\U00001B4E-\U00001B4F"
+    "\U00001B7F\U00001C89-\U00001C8A\U000020C1\U00002427-\U00002429\U00002B96"
+    "\U000031E4-\U000031E5\U0000A7CB-\U0000A7CF\U0000A7D2\U0000A7D4\U0000A7DA-\U0000A7F1"
+    "\U0000FBC3-\U0000FBD2\U0000FD90-\U0000FD91\U0000FDC8-\U0000FDCE\U000105C0-\U000105F3"
+    "\U00010940-\U00010959\U00010D40-\U00010D8F\U00010EC2-\U00010EFC\U00011380-\U000113E2"
+    "\U000116D0-\U000116E3\U00011B60-\U00011BF9\U00011DB0-\U00011DE9\U00011F5A"
+    "\U00013460-\U000143FA\U00016100-\U00016139\U00016D40-\U00016D79\U00016EA0-\U00016ED3"
+    "\U00016FF2-\U00016FF6\U000187F8-\U000187FF\U00018CFF\U00018D09-\U00018DF2"
+    "\U0001CC00-\U0001CEF0\U0001E5D0-\U0001E6FF\U0001F6D8\U0001F777-\U0001F77A"
+    "\U0001F8B2-\U0001F8D8\U0001FA54-\U0001FA57\U0001FA89-\U0001FA8F\U0001FABE"
+    "\U0001FAC6-\U0001FACD\U0001FADC-\U0001FADF\U0001FAE9-\U0001FAEF\U0001FBCB-\U0001FBEF"
+    "\U0001FBFA\U0002B73A-\U0002B73F\U0002CEA2-\U0002CEAD\U000323B0-\U00033479"
+    "]")
+_UNASSIGNED = "\u0378"
+
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -146,22 +166,27 @@ class PreTokenizer:
 
     def __init__(self, family: str):
         self.family = family
-        self._regexes = [regex.compile(_translate(p)) for p in FAMILIES[family]]
+        # (compiled, uses Unicode categories): only those see the Unicode 15.1 view of the text
+        self._regexes = [(regex.compile(_translate(p)), "\\p{" in p) for p in FAMILIES[family]]
 
     def split(self, text: str) -> list[str]:
-        pieces = [text] if text else []
-        for rx in self._regexes:
-            out: list[str] = []
-            for piece in pieces:
-                pos = 0
-                for m in rx.finditer(piece):
+        if not text:
+            return []
+        old = _NEWER.sub(_UNASSIGNED, text) if _NEWER.search(text) else text
+        spans = [(0, len(text))]
+        for rx, categories in self._regexes:
+            view = old if categories else text
+            out: list[tuple[int, int]] = []
+            for a, b in spans:
+                pos = a
+                for m in rx.finditer(view, a, b):
                     s, e = m.span()
                     if s > pos:
-                        out.append(piece[pos:s])  # a gap is a piece of its own
+                        out.append((pos, s))  # a gap is a piece of its own
                     if e > s:
-                        out.append(piece[s:e])
+                        out.append((s, e))
                     pos = e
-                if pos < len(piece):
-                    out.append(piece[pos:])
-            pieces = out
-        return pieces
+                if pos < b:
+                    out.append((pos, b))
+            spans = out
+        return [text[a:b] for a, b in spans]

@@ -79,6 +79,8 @@ TEXTS = [
     "\U0001F600\U0001F601 surrogate-range emoji and 𝕄𝕒𝕥𝕙 𝐛𝐨𝐥𝐝 letters",
     "Ⅷ ⅷ ① ⑳ ¹²³ ½ ¼ 〇 零一二三",
     "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'Ve",
+    # assigned after Unicode 15.1: llama.cpp's tables see unassigned characters
+    "new: \U000142BD'S  \U0001F8D4$ \u0897x \u1AD5y  \U0001FAE9! \U000323B0\U000323B1 a\U00011380b",
 ]
 
 # SmolLM2's and Qwen's vocabularies have single-digit tokens only; "digits" adds
