@@ -30,7 +30,8 @@ def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_p
     if spec is None or str(spec) == "demo":
         from .demo import demo_model_path
 
-        return demo_model_path(progress=progress)
+        demo_progress = (lambda frac, _what: progress("demo", int(frac * 1000), 1000)) if progress else None
+        return demo_model_path(progress=demo_progress)
     from .hub_resolve import looks_local
 
     if isinstance(spec, Path) or looks_local(str(spec)):
