@@ -100,8 +100,8 @@ def _values(spec: TensorSpec, s: SynthShape, seed: int, start: int, n: int) -> n
     if spec.role == "bias":
         return (0.1 * stream.normal(n, start)).astype(np.float32)
     z = stream.student_t(n, s.weight_df, start) if s.weight_df else stream.normal(n, start)
-    if spec.role == "embed":
-        std = 1.0
+    if spec.role == "embed":  # tied: it is the lm head too, scaled like one
+        std = s.output_scale / np.sqrt(s.n_embd) if s.tie_embeddings else 1.0
     elif spec.role == "output":
         std = s.output_scale / np.sqrt(s.n_embd)
     elif spec.role == "router":  # spread enough that each token picks its own top-k
