@@ -69,3 +69,56 @@ def ggml_expert_matmul(w: np.ndarray, qtype: int, expert_ids: np.ndarray, x: np.
     ids = np.ascontiguousarray(expert_ids, dtype=np.int32).reshape(-1)
     x = np.ascontiguousarray(x, dtype=np.float32)
     return _cpu.ggml_expert_matmul(_as_bytes(w), int(qtype), ids, x)
+
+
+# ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----
+def resplit_row_bytes(fmt: str, n: int) -> int:
+    """Bytes of one row of n weights in 'wq', 'wr' or 'd4'."""
+    return int(_cpu.resplit_row_bytes(fmt, int(n)))
+
+
+def resplit_quantize(fmt: str, w: np.ndarray) -> np.ndarray:
+    """w [..., n] float32 -> [..., row_bytes] uint8; fmt 'wq' (alone, e.g. down_proj) or 'd4'."""
+    return _cpu.resplit_quantize(fmt, np.ascontiguousarray(w, dtype=np.float32))
+
+
+def resplit_quantize_wq_wr(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gate/up w [..., n] float32 -> (wq, wr) uint8 rows, WQ's scales chosen for WQ+WR."""
+    q, r = _cpu.resplit_quantize_wq_wr(np.ascontiguousarray(w, dtype=np.float32))
+    return q, r
+
+
+def resplit_dequantize(fmt: str, q: np.ndarray, n: int) -> np.ndarray:
+    """[..., row_bytes] uint8 -> [..., n] float32."""
+    return _cpu.resplit_dequantize(fmt, np.ascontiguousarray(q, dtype=np.uint8), int(n))
+
+
+def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray, x: np.ndarray,
+                          counts: np.ndarray | None = None) -> np.ndarray:
+    """Batched over experts: w [E, out, row_bytes]; ids [S]; x [N, in_dim] -> y [N, out].
+
+    Rows of x come grouped by slot: counts[s] consecutive rows use expert ids[s]
+    (default: one row per slot, the decode case).
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    counts = np.ones(len(ids), np.int64) if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
+    return _cpu.resplit_expert_matmul(fmt, np.ascontiguousarray(w, dtype=np.uint8), int(in_dim), ids, counts,
+                                      np.ascontiguousarray(x, dtype=np.float32))
+
+
+def resplit_moe_forward(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, ncrit: np.ndarray,
+                        gate_q: np.ndarray, up_q: np.ndarray, down_q: np.ndarray,
+                        gate_r: np.ndarray | None = None, up_r: np.ndarray | None = None,
+                        down4: np.ndarray | None = None) -> np.ndarray:
+    """Split execution of one MoE layer on the CPU -> out [T, H].
+
+    x [T, H]; ids, weights [T, k]; ncrit [T]: the first ncrit[t] slots of token t
+    are critical (gate/up = WQ + WR, down from D4), the others use WQ only.
+    gate_q/up_q [E, F, rb(wq,H)], down_q [E, H, rb(wq,F)], gate_r/up_r [E, F, rb(wr,H)],
+    down4 [E, H, rb(d4,F)].
+    """
+    u8 = lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.uint8)  # noqa: E731
+    return _cpu.resplit_moe_forward(
+        np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int32),
+        np.ascontiguousarray(weights, dtype=np.float32), np.ascontiguousarray(ncrit, dtype=np.int32),
+        u8(gate_q), u8(up_q), u8(down_q), u8(gate_r), u8(up_r), u8(down4))

@@ -247,7 +247,8 @@ def quantize_wq_wr(w: np.ndarray):
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.clip(np.rint(e / drw), -2, 2)
     r = np.where(drw > 0, r, 0)
-    wq = _pack_wq(t, best_code).reshape(*shape[:-1], row_bytes("wq", n))
+    nbq = -(-n // WQ_BLOCK)  # WR pads to 64; WQ keeps only its own 32-blocks
+    wq = _pack_wq(t, best_code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))
     wr = _pack_wr(r.reshape(R, n64), best_k.reshape(R, -1), D)
     return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))
 

@@ -1,0 +1,304 @@
+// Quantizers of the resplit formats: a float32 port of the numpy oracle with
+// the same operation order, so the bytes match exactly. This file gets no ISA
+// flags: no FMA contraction can change a rounding.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "convert.h"
+#include "resplit.h"
+#include "threadpool.h"
+
+namespace rmoe {
+namespace resplit {
+
+const float kWrTable[16] = {
+    0x1.000000p+0f, 0x1.ae89fap-1f, 0x1.6a09e6p-1f, 0x1.306fe0p-1f, 0x1.000000p-1f, 0x1.ae89fap-2f,
+    0x1.6a09e6p-2f, 0x1.306fe0p-2f, 0x1.000000p-2f, 0x1.ae89fap-3f, 0x1.6a09e6p-3f, 0x1.306fe0p-3f,
+    0x1.000000p-3f, 0x1.ae89fap-4f, 0x1.6a09e6p-4f, 0x1.306fe0p-4f};
+
+namespace {
+
+// WQ block scale candidates for the joint search: fractions of max|w| (oracle WQ_FRACS).
+const float kWqFracs[25] = {
+    0x1.333334p-2f, 0x1.4ccccc00p-2f, 0x1.666666p-2f, 0x1.800000p-2f, 0x1.99999ap-2f, 0x1.b33334p-2f,
+    0x1.ccccccp-2f, 0x1.e66666p-2f, 0x1.000000p-1f, 0x1.0ccccc0p-1f, 0x1.19999ap-1f, 0x1.266666p-1f,
+    0x1.333334p-1f, 0x1.400000p-1f, 0x1.4ccccc0p-1f, 0x1.59999ap-1f, 0x1.666666p-1f, 0x1.733334p-1f,
+    0x1.800000p-1f, 0x1.8ccccc0p-1f, 0x1.99999ap-1f, 0x1.a66666p-1f, 0x1.b33334p-1f, 0x1.c00000p-1f,
+    0x1.ccccccp-1f};
+constexpr float kWqAlonePenalty = 0.0f;
+constexpr float kWrDiv = 8.0f;
+constexpr int kWrWindow = 4;
+constexpr int kD4Steps = 20;
+
+inline float rnd(float x) { return std::nearbyint(x); }  // round-half-even, as np.rint
+inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, -65504.f, 65504.f))); }
+
+uint32_t scale12_encode(float d) {
+  const uint32_t h = f32_to_f16_bits(clampf(d, 0.f, 60000.f));
+  return std::min<uint32_t>((h + 4) >> 3, 0xF7F);
+}
+float scale12_decode(uint32_t code) { return f16_to_f32((uint16_t)(code << 3)); }
+
+// Least-squares ternary scale of 32 weights: max over k of (top-k sum)^2 / k.
+float wq_alone_scale(const float* x) {
+  float a[32];
+  for (int j = 0; j < 32; ++j) a[j] = std::fabs(x[j]);
+  std::sort(a, a + 32, std::greater<float>());
+  float cs = 0.f, best = -1.f, best_d = 0.f;
+  for (int j = 0; j < 32; ++j) {
+    cs = cs + a[j];
+    const float kf = (float)(j + 1);
+    const float score = cs * cs / kf;
+    if (score > best) { best = score; best_d = cs / kf; }
+  }
+  return best_d;
+}
+
+void tern(const float* x, float dq, float* t) {
+  for (int j = 0; j < 32; ++j) t[j] = dq > 0.f ? clampf(rnd(x[j] / dq), -1.f, 1.f) : 0.f;
+}
+
+void pack_wq(const float* t, uint32_t code, uint8_t* out) {
+  for (int j = 0; j < 6; ++j) {
+    int64_t c = 0;
+    for (int i = 0; i < 5; ++i) c = c * 3 + (int64_t)(t[6 * i + j] + 1.f);
+    out[j] = (uint8_t)((c * 256 + 242) / 243);
+  }
+  const int64_t c2 = (int64_t)(t[30] + 1.f) * 3 + (int64_t)(t[31] + 1.f);
+  const int64_t v4 = (c2 * 16 + 8) / 9;
+  out[6] = (uint8_t)((v4 << 4) | (code & 0xF));
+  out[7] = (uint8_t)(code >> 4);
+}
+
+// Squared error of 16 residuals quantized to 5 levels of step dr.
+float wr_err16(const float* e, float dr) {
+  float acc = 0.f;
+  for (int j = 0; j < 16; ++j) {
+    const float r = dr > 0.f ? clampf(rnd(e[j] / dr), -2.f, 2.f) : 0.f;
+    const float diff = e[j] - dr * r;
+    acc = acc + diff * diff;
+  }
+  return acc;
+}
+
+// Best WR sub-scale codes for residual e[32] near the nested step dq/5.
+float wr_search(const float* e, float D, float dq, int* kbest) {
+  const float target = dq / 5.0f;
+  int kc = 0;
+  float bd = 0.f;
+  for (int k = 0; k < 16; ++k) {
+    const float dist = std::fabs(D * kWrTable[k] - target);
+    if (k == 0 || dist < bd) { bd = dist; kc = k; }
+  }
+  float best[2] = {INFINITY, INFINITY};
+  kbest[0] = kbest[1] = 0;
+  for (int off = -kWrWindow; off <= kWrWindow; ++off) {
+    const int k = kc + off;
+    if (k < 0 || k > 15) continue;
+    const float dr = D * kWrTable[k];
+    for (int s = 0; s < 2; ++s) {
+      const float err = wr_err16(e + 16 * s, dr);
+      if (err < best[s]) { best[s] = err; kbest[s] = k; }
+    }
+  }
+  return best[0] + best[1];
+}
+
+void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
+  const size_t nb = (n + 31) / 32;
+  float x[32], t[32];
+  for (size_t b = 0; b < nb; ++b) {
+    for (size_t j = 0; j < 32; ++j) x[j] = 32 * b + j < n ? w[32 * b + j] : 0.f;
+    const uint32_t code = scale12_encode(wq_alone_scale(x));
+    tern(x, scale12_decode(code), t);
+    pack_wq(t, code, out + 8 * b);
+  }
+}
+
+void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std::vector<float>& buf) {
+  const size_t nb64 = (n + 63) / 64, n64 = nb64 * 64, nbq = (n + 31) / 32;
+  buf.assign(n64, 0.f);
+  std::memcpy(buf.data(), w, n * sizeof(float));
+  float amax = 0.f;
+  for (size_t j = 0; j < n64; ++j) amax = std::max(amax, std::fabs(buf[j]));
+  const float D = f16r(amax / kWrDiv);
+  const uint16_t Dbits = f32_to_f16_bits(D);
+  wr[0] = (uint8_t)(Dbits & 0xFF);
+  wr[1] = (uint8_t)(Dbits >> 8);
+  float t[32], e[32], r[64];
+  int kk[4];
+  for (size_t b64 = 0; b64 < nb64; ++b64) {
+    for (int half = 0; half < 2; ++half) {
+      const size_t b = 2 * b64 + half;
+      const float* x = buf.data() + 32 * b;
+      float am = 0.f;
+      for (int j = 0; j < 32; ++j) am = std::max(am, std::fabs(x[j]));
+      float best = INFINITY;
+      uint32_t best_code = 0;
+      int best_k[2] = {0, 0};
+      for (int c = 0; c < 26; ++c) {
+        const float d = c == 0 ? wq_alone_scale(x) : am * kWqFracs[c - 1];
+        const uint32_t code = scale12_encode(d);
+        const float dq = scale12_decode(code);
+        tern(x, dq, t);
+        float ewq = 0.f;
+        for (int j = 0; j < 32; ++j) {
+          e[j] = x[j] - dq * t[j];
+          ewq = ewq + e[j] * e[j];
+        }
+        int k[2];
+        const float comb = wr_search(e, D, dq, k);
+        const float score = comb + kWqAlonePenalty * ewq;
+        if (score < best) { best = score; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
+      }
+      const float dq = scale12_decode(best_code);
+      tern(x, dq, t);
+      for (int j = 0; j < 32; ++j) {
+        const float ej = x[j] - dq * t[j];
+        const float dr = D * kWrTable[best_k[j / 16]];
+        r[32 * half + j] = dr > 0.f ? clampf(rnd(ej / dr), -2.f, 2.f) : 0.f;
+      }
+      kk[2 * half] = best_k[0];
+      kk[2 * half + 1] = best_k[1];
+      if (b < nbq) pack_wq(t, best_code, wq + 8 * b);  // WR pads to 64, WQ to 32
+    }
+    uint8_t* blk = wr + 2 + 21 * b64;
+    uint32_t hi = 0;
+    for (int g = 0; g < 8; ++g) {
+      int64_t c = 0;
+      for (int i = 0; i < 8; ++i) c = c * 5 + (int64_t)(r[8 * i + g] + 2.f);
+      const int64_t v = (c * (1 << 19) + 390624) / 390625;
+      blk[2 * g] = (uint8_t)(v & 0xFF);
+      blk[2 * g + 1] = (uint8_t)((v >> 8) & 0xFF);
+      hi |= (uint32_t)(v >> 16) << (3 * g);
+    }
+    blk[16] = (uint8_t)(hi & 0xFF);
+    blk[17] = (uint8_t)((hi >> 8) & 0xFF);
+    blk[18] = (uint8_t)(hi >> 16);
+    const uint32_t sc = kk[0] | (kk[1] << 4) | (kk[2] << 8) | (kk[3] << 12);
+    blk[19] = (uint8_t)(sc & 0xFF);
+    blk[20] = (uint8_t)(sc >> 8);
+  }
+}
+
+// Asymmetric 4-bit fit of 32 weights: w ~ s*q - m, m >= 0 (oracle _d4_search).
+void d4_search(const float* x, float* s_out, float* m_out) {
+  float mn = 0.f, mx = x[0];
+  mn = std::min(mn, x[0]);
+  for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
+  const float span = mx - mn;
+  const bool ok = span > 0.f;
+  const float span1 = ok ? span : 1.f;
+  float best_err = INFINITY, best_s = 0.f, best_m = -mn;
+  float L[32];
+  for (int step = 0; step <= kD4Steps; ++step) {
+    const float iscale = (14.0f + 0.1f * (float)step) / span1;
+    float sl = 0.f, sl2 = 0.f, sx = 0.f, sxl = 0.f;
+    for (int j = 0; j < 32; ++j) L[j] = clampf(rnd((x[j] - mn) * iscale), 0.f, 15.f);
+    for (int j = 0; j < 32; ++j) sl = sl + L[j];
+    for (int j = 0; j < 32; ++j) sl2 = sl2 + L[j] * L[j];
+    for (int j = 0; j < 32; ++j) sx = sx + x[j];
+    for (int j = 0; j < 32; ++j) sxl = sxl + x[j] * L[j];
+    const float det = 32.0f * sl2 - sl * sl;
+    float s = (32.0f * sxl - sx * sl) / det;
+    float m = (sl2 * sx - sl * sxl) / det;
+    if (m > 0.f) { s = sxl / sl2; m = 0.f; }
+    float err = 0.f;
+    for (int j = 0; j < 32; ++j) {
+      const float diff = s * L[j] + m - x[j];
+      err = err + diff * diff;
+    }
+    if (ok && det > 0.f && err < best_err) { best_err = err; best_s = s; best_m = -m; }
+  }
+  *s_out = ok ? best_s : 0.f;
+  *m_out = std::max(best_m, 0.f);
+}
+
+void quantize_d4_row(const float* w, size_t n, uint8_t* out, std::vector<float>& buf) {
+  const size_t nb = (n + 31) / 32;
+  buf.assign(nb * 32 + 2 * nb, 0.f);
+  float* xs = buf.data();
+  float* s = xs + nb * 32;
+  float* m = s + nb;
+  std::memcpy(xs, w, n * sizeof(float));
+  float smax = 0.f, mmax = 0.f;
+  for (size_t b = 0; b < nb; ++b) {
+    d4_search(xs + 32 * b, &s[b], &m[b]);
+    smax = std::max(smax, s[b]);
+    mmax = std::max(mmax, m[b]);
+  }
+  const float D = f16r(smax / 255.0f), M = f16r(mmax / 255.0f);
+  const uint16_t Db = f32_to_f16_bits(D), Mb = f32_to_f16_bits(M);
+  out[0] = (uint8_t)(Db & 0xFF); out[1] = (uint8_t)(Db >> 8);
+  out[2] = (uint8_t)(Mb & 0xFF); out[3] = (uint8_t)(Mb >> 8);
+  for (size_t b = 0; b < nb; ++b) {
+    const float sc = D > 0.f ? std::min(rnd(s[b] / D), 255.f) : 0.f;
+    const float mc = M > 0.f ? std::min(rnd(m[b] / M), 255.f) : 0.f;
+    const float d = D * sc, dm = M * mc;
+    uint8_t L[32];
+    for (int j = 0; j < 32; ++j)
+      L[j] = d > 0.f ? (uint8_t)clampf(rnd((xs[32 * b + j] + dm) / d), 0.f, 15.f) : 0;
+    uint8_t* blk = out + 4 + 18 * b;
+    for (int j = 0; j < 16; ++j) blk[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+    blk[16] = (uint8_t)sc;
+    blk[17] = (uint8_t)mc;
+  }
+}
+
+}  // namespace
+
+uint16_t f32_to_f16_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00 : 0x7c00);
+  if (ax >= 0x477ff000u) return sign | 0x7c00;  // rounds past 65504
+  if (ax < 0x38800000u) {                       // below 2^-14: subnormal (exact scaling)
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return sign | (uint16_t)std::nearbyint(a * 16777216.0f);
+  }
+  uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffffu) >> 13);
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | (uint16_t)h;
+}
+
+size_t row_bytes(Fmt fmt, size_t n) {
+  switch (fmt) {
+    case Fmt::WQ: return (n + 31) / 32 * 8;
+    case Fmt::WR: return 2 + (n + 63) / 64 * 21;
+    default: return 4 + (n + 31) / 32 * 18;
+  }
+}
+
+void quantize_wq(const float* w, size_t rows, size_t n, uint8_t* out) {
+  const size_t rb = row_bytes(Fmt::WQ, n);
+  parallel_for(rows, [&](size_t b, size_t e, int) {
+    for (size_t r = b; r < e; ++r) quantize_wq_row(w + r * n, n, out + r * rb);
+  });
+}
+
+void quantize_wq_wr(const float* w, size_t rows, size_t n, uint8_t* wq, uint8_t* wr) {
+  const size_t rq = row_bytes(Fmt::WQ, n), rr = row_bytes(Fmt::WR, n);
+  parallel_for(rows, [&](size_t b, size_t e, int) {
+    std::vector<float> buf;
+    for (size_t r = b; r < e; ++r) quantize_wq_wr_row(w + r * n, n, wq + r * rq, wr + r * rr, buf);
+  });
+}
+
+void quantize_d4(const float* w, size_t rows, size_t n, uint8_t* out) {
+  const size_t rb = row_bytes(Fmt::D4, n);
+  parallel_for(rows, [&](size_t b, size_t e, int) {
+    std::vector<float> buf;
+    for (size_t r = b; r < e; ++r) quantize_d4_row(w + r * n, n, out + r * rb, buf);
+  });
+}
+
+}  // namespace resplit
+}  // namespace rmoe
