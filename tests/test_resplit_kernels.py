@@ -1,0 +1,116 @@
+"""Resplit kernels (expert GEMV/GEMM, MoE layer) against the numpy oracle, on every ISA path.
+
+Tolerance: the kernels decode weights exactly as the oracle does and sum in
+float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
+(n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rapidmoe.engine import kernels
+from rapidmoe.engine.quant import resplit_oracle as o
+
+
+def close(y, ref):
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+def make_layer(rng, E, H, F):
+    gate = (rng.standard_t(4, (E, F, H)) * 0.05).astype(np.float32)
+    up = (rng.standard_normal((E, F, H)) * 0.05).astype(np.float32)
+    down = (rng.standard_normal((E, H, F)) * 0.05).astype(np.float32)
+    gq, gr = kernels.resplit_quantize_wq_wr(gate)
+    uq, ur = kernels.resplit_quantize_wq_wr(up)
+    return dict(gate_q=gq, up_q=uq, down_q=kernels.resplit_quantize("wq", down), gate_r=gr, up_r=ur,
+                down4=kernels.resplit_quantize("d4", down))
+
+
+def moe_reference(L, x, ids, wts, ncrit, H, F):
+    deq = lambda f, q, n: o.dequantize(f, q, n).astype(np.float64)  # noqa: E731
+    out = np.zeros(x.shape, np.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            crit = j < ncrit[t]
+            g = deq("wq", L["gate_q"][e], H) + (deq("wr", L["gate_r"][e], H) if crit else 0)
+            u = deq("wq", L["up_q"][e], H) + (deq("wr", L["up_r"][e], H) if crit else 0)
+            h = silu(g @ x[t]) * (u @ x[t])
+            d = deq("d4", L["down4"][e], F) if crit else deq("wq", L["down_q"][e], F)
+            out[t] += wts[t, j] * (d @ h)
+    return out
+
+
+def check_all(seed=0):
+    """Every kernel of the active ISA path against the oracle (also run per ISA in a subprocess)."""
+    rng = np.random.default_rng(seed)
+    for fmt, (out_dim, in_dim) in (("wq", (40, 96)), ("wr", (24, 576)), ("d4", (33, 1408)), ("wq", (7, 100))):
+        E = 5
+        w = (rng.standard_normal((E, out_dim, in_dim)) * 0.1).astype(np.float32)
+        if fmt == "wr":
+            q = kernels.resplit_quantize_wq_wr(w)[1]
+        else:
+            q = kernels.resplit_quantize(fmt, w)
+        dense = o.dequantize(fmt, q, in_dim).astype(np.float64)
+        # decode: one activation row per slot, repeated experts allowed
+        ids = np.array([3, 0, 3, 4], np.int32)
+        x = rng.standard_normal((4, in_dim)).astype(np.float32)
+        y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, x)
+        close(y, np.stack([dense[e] @ x[s] for s, e in enumerate(ids)]))
+        # prefill: ragged token groups per expert, an empty one included
+        counts = np.array([3, 0, 1, 6], np.int64)
+        xs = rng.standard_normal((10, in_dim)).astype(np.float32)
+        y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, xs, counts)
+        owner = np.repeat(ids, counts)
+        close(y, np.stack([dense[e] @ xs[i] for i, e in enumerate(owner)]))
+    E, H, F, T, k = 6, 128, 96, 5, 3
+    L = make_layer(rng, E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    wts = rng.random((T, k)).astype(np.float32)
+    for ncrit in (np.zeros(T, np.int32), np.full(T, k, np.int32), np.array([0, 1, 2, 3, 1], np.int32)):
+        out = kernels.resplit_moe_forward(x, ids, wts, ncrit, **L)
+        close(out, moe_reference(L, x, ids, wts, ncrit, H, F))
+    nc = dict(L, gate_r=None, up_r=None, down4=None)  # WQ-only layer needs no residual tensors
+    close(kernels.resplit_moe_forward(x, ids, wts, np.zeros(T, np.int32), **nc),
+          moe_reference(L, x, ids, wts, np.zeros(T, np.int32), H, F))
+
+
+def test_kernels_active_path():
+    check_all(0)
+
+
+def _paths():
+    best = kernels.isa_info()["active"]
+    order = ["scalar", "avx2", "avx512"]
+    return order[: order.index(best) + 1] if best in order else ["scalar"]
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_kernels_every_isa_path(isa):
+    if isa not in _paths():
+        pytest.skip(f"this CPU cannot run {isa}")
+    env = dict(os.environ, RAPIDMOE_ISA=isa)
+    code = ("import sys; sys.path.insert(0, %r); import test_resplit_kernels as t; "
+            "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == %r; "
+            "t.check_all(1); print('ok')" % (os.path.dirname(__file__), isa))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_moe_forward_rejects_bad_input():
+    rng = np.random.default_rng(0)
+    L = make_layer(rng, 2, 64, 32)
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError, match="expert id"):
+        kernels.resplit_moe_forward(x, np.array([[2]]), np.ones((1, 1)), np.zeros(1), **L)
+    with pytest.raises(ValueError, match="critical"):
+        kernels.resplit_moe_forward(x, np.array([[1]]), np.ones((1, 1)), np.ones(1),
+                                    **dict(L, gate_r=None))
