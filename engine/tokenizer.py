@@ -74,14 +74,14 @@ class Tokenizer:
             if merges is None:
                 raise UserError("the BPE vocabulary has no merges (tokenizer.ggml.merges)")
             self._bpe = BpeModel(self.token_to_id, parse_merges(_texts(merges)), ignore_merges)
-            self.add_space_prefix = False
+            space_prefix = False
             default_bos = default_eos = 11  # llama.cpp's defaults for gpt2 vocabularies
         else:
-            add_bos = True
+            add_bos = space_prefix = True
             self._spm = SpmModel(self.token_to_id, self.scores)
-            self.add_space_prefix = True
             default_bos, default_eos = 1, 2
-        self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+        # SentencePiece: prefix each text that follows a special token (or starts) with a space
+        self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", space_prefix))
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
 

@@ -101,7 +101,9 @@ CASES: dict[str, tuple[str, dict]] = {
     "qwen_olmo": ("qwen", {"tokenizer.ggml.pre": "olmo"}),       # plain gpt2 regex
     "spm": ("spm", {}),
     "spm_noprefix": ("spm", {"tokenizer.ggml.add_space_prefix": False}),
-    **{f"digits_{pre.replace('-', '')}": ("smollm2", {"extra_merges": DIGIT_MERGES, "tokenizer.ggml.pre": pre})
+    **{f"digits_{pre.replace('-', '')}": ("smollm2", {"extra_merges": DIGIT_MERGES, "tokenizer.ggml.pre": pre,
+                                                    # None drops the key: the pre's own BOS default
+                                                    "tokenizer.ggml.add_bos_token": None})
        for pre in ("smollm", "llama-bpe", "qwen2", "default", "deepseek-v3", "olmo")},
 }
 
@@ -117,8 +119,7 @@ def spm_vocab_kvs() -> list[tuple]:
         ("tokenizer.ggml.bos_token_id", 1, GGUFValueType.UINT32, None),
         ("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32, None),
         ("tokenizer.ggml.unknown_token_id", 0, GGUFValueType.UINT32, None),
-        ("tokenizer.ggml.add_bos_token", True, GGUFValueType.BOOL, None),
-    ]
+    ]  # add_bos_token left out: SentencePiece vocabularies add BOS by default
 
 
 def vocab_kvs(vocab: str) -> list[tuple]:
@@ -162,12 +163,14 @@ def write_vocab_gguf(path: Path, vocab: str, overrides: dict) -> None:
         kvs = extend_vocab(kvs, overrides.pop("extra_merges"))
     seen = set()
     for key, val, vtype, sub in kvs:
+        seen.add(key)
         if key in overrides:
             val = overrides[key]
-        seen.add(key)
+            if val is None:
+                continue
         w.add_key_value(key, val, vtype, sub_type=sub)
     for key, val in overrides.items():
-        if key not in seen:
+        if key not in seen and val is not None:
             vt = GGUFValueType.BOOL if isinstance(val, bool) else GGUFValueType.STRING
             w.add_key_value(key, val, vt)
     w.write_header_to_file()

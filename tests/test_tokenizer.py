@@ -34,13 +34,13 @@ def real_metadata(vocab: str) -> dict:
         "tokenizer.ggml.scores": np.array(v["scores"], np.float32),
         "tokenizer.ggml.token_type": np.array(v["token_type"], np.int32),
         "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.unknown_token_id": 0,
     }
 
 
 def make_tokenizer(vocab: str, **overrides) -> Tokenizer:
-    """A Tokenizer from one of the real vocabularies, with metadata keys overridden;
-    `extra_merges` appends merges and the normal tokens they make."""
+    """A Tokenizer from one of the real vocabularies, with metadata keys overridden
+    (None removes a key); `extra_merges` appends merges and the normal tokens they make."""
     meta = dict(real_metadata(vocab))
     extra = overrides.pop("extra_merges", None)
     if extra:
@@ -49,7 +49,7 @@ def make_tokenizer(vocab: str, **overrides) -> Tokenizer:
         meta["tokenizer.ggml.merges"] = list(meta["tokenizer.ggml.merges"]) + list(extra)
         meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"]) + [1] * len(new)
     meta.update(overrides)
-    return Tokenizer.from_metadata(meta)
+    return Tokenizer.from_metadata({k: v for k, v in meta.items() if v is not None})
 
 
 @functools.lru_cache(maxsize=None)
