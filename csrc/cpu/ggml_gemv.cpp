@@ -40,6 +40,17 @@ constexpr size_t RB = 16;   // weight rows per block
 constexpr size_t KC = 512;  // columns dequantized at a time (a multiple of every block size)
 
 using TileFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, size_t, float*, size_t);
+using FusedFn = bool (*)(int, const uint8_t*, size_t, size_t, size_t, const float*, size_t, float*, size_t);
+constexpr size_t FUSED_MAX_T = 4;  // beyond this, dequantizing a tile once and reusing it wins
+
+FusedFn fused_fn() {
+#if RMOE_X86
+  const Isa isa = active_isa();
+  if (isa >= Isa::Avx512) return gemv_fused_avx512;
+  if (isa >= Isa::Avx2) return gemv_fused_avx2;
+#endif
+  return nullptr;
+}
 
 TileFn tile_fn() {
 #if RMOE_X86
@@ -53,7 +64,8 @@ TileFn tile_fn() {
 // Rows [r0, r1) of W [.., rb] against x [T, k]; adds into y[t * ldy + r].
 // buf: RB * KC floats owned by the calling thread.
 void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_t r1, const float* x, size_t T,
-               float* y, size_t ldy, float* buf, TileFn tile) {
+               float* y, size_t ldy, float* buf, TileFn tile, FusedFn fused) {
+  if (fused && T <= FUSED_MAX_T && fused(type, w + r0 * rb, rb, k, r1 - r0, x, T, y + r0, ldy)) return;
   const TypeInfo ti = type_info(type);
   const bool direct = type == F32 && reinterpret_cast<uintptr_t>(w) % alignof(float) == 0;
   const size_t nr = r1 - r0;
@@ -79,12 +91,13 @@ void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_
 void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const float* x, size_t T, float* y) {
   std::memset(y, 0, T * rows * sizeof(float));
   const TileFn tile = tile_fn();
+  const FusedFn fused = fused_fn();
   std::vector<float> bufs((size_t)num_threads() * RB * KC);
   const size_t nblocks = (rows + RB - 1) / RB;
   parallel_for(nblocks, [&](size_t b0, size_t b1, int tid) {
     float* buf = bufs.data() + (size_t)tid * RB * KC;
     for (size_t b = b0; b < b1; ++b)
-      row_block(type, w, rb, k, b * RB, std::min(rows, (b + 1) * RB), x, T, y, rows, buf, tile);
+      row_block(type, w, rb, k, b * RB, std::min(rows, (b + 1) * RB), x, T, y, rows, buf, tile, fused);
   });
 }
 
@@ -105,6 +118,7 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
   for (size_t e = 0; e < E; ++e)
     if (count[e + 1] > count[e]) used.push_back(e);
   const TileFn tile = tile_fn();
+  const FusedFn fused = fused_fn();
   std::vector<float> bufs((size_t)num_threads() * RB * KC);
   parallel_for(used.size() * nrb, [&](size_t i0, size_t i1, int tid) {
     float* buf = bufs.data() + (size_t)tid * RB * KC;
@@ -112,7 +126,7 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
       const size_t e = used[i / nrb], b = i % nrb;
       const size_t t0 = count[e], nt = count[e + 1] - t0;
       row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
-                yg.data() + t0 * rows, rows, buf, tile);
+                yg.data() + t0 * rows, rows, buf, tile, fused);
     }
   });
   for (size_t i = 0; i < n; ++i) std::memcpy(y + order[i] * rows, yg.data() + i * rows, rows * sizeof(float));

@@ -35,6 +35,13 @@ void dequant_blocks_scalar(int type, const uint8_t* src, float* dst, size_t nblk
 void dequant_blocks_avx2(int type, const uint8_t* src, float* dst, size_t nblk);
 void dequant_blocks_avx512(int type, const uint8_t* src, float* dst, size_t nblk);
 
+// Fused GEMV for few activation rows: y[t*ldy + r] = dot(row r of W [nr, rb], x[t*k ..]),
+// t < nt. Returns false (nothing done) where the ISA file has no fused path.
+bool gemv_fused_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t nt,
+                     float* y, size_t ldy);
+bool gemv_fused_avx512(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t nt,
+                       float* y, size_t ldy);
+
 // y[t*ldy + r] += dot(w[r*ldw .. +k], x[t*ldx .. +k]) for r < nr, t < nt.
 void gemm_tile_scalar(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
                       size_t k, float* y, size_t ldy);

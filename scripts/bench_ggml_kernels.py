@@ -1,0 +1,163 @@
+"""Validate, then time the GGUF-type CPU kernels (rapidmoe.engine.kernels.ggml_*).
+
+Per type and ISA path (each path in its own process, RAPIDMOE_ISA), 1 and 2
+threads:
+  * GEMV (T=1) GB/s of weight bytes on 2048 x 8192 matrices, cycling through
+    enough copies that the set is several times the last-level cache, next to a
+    STREAM-like read bandwidth measured in the same process;
+  * GEMM at T=512 in GFLOP/s next to torch's f32 matmul of the dequantized matrix.
+
+    python scripts/bench_ggml_kernels.py [--types Q4_K,Q8_0] [--isa avx512] [--threads 1,2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as G
+
+ALL_TYPES = ["Q8_0", "Q4_K", "Q6_K", "F16", "BF16", "F32", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+ROWS, K, T_GEMM = 2048, 8192, 512
+WORKING_SET = 160 << 20  # bytes of distinct weights cycled through by the GEMV timing
+
+
+def random_tensor(rng, name: str, rows: int, k: int) -> np.ndarray:
+    qtype = G[name]
+    if name == "F32":
+        return rng.standard_normal((rows, k), dtype=np.float32).view(np.uint8)
+    if name == "F16":
+        return rng.standard_normal((rows, k), dtype=np.float32).astype(np.float16).view(np.uint8)
+    if name == "BF16":
+        return (rng.standard_normal((rows, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    nb = rows * k // block
+    raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
+    for off in F16_FIELDS[name]:
+        raw[:, off:off + 2] = (rng.standard_normal(nb, dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(rows, -1)
+
+
+def best_time(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def read_bandwidth(threads: int) -> float:
+    """STREAM-like read GB/s: torch sums a 512 MiB array."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.ones(128 << 20, dtype=torch.float32)
+    return a.numel() * 4 / best_time(lambda: float(a.sum()), 5) / 1e9
+
+
+def validate(kernels, name: str) -> None:
+    rng = np.random.default_rng(7)
+    w = random_tensor(rng, name, 48, 512)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    wf = gguf.quants.dequantize(w, G[name]).astype(np.float32)
+    got = kernels.ggml_dequantize(w, int(G[name]), wf.size)
+    if not np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)):
+        raise SystemExit(f"{name}: dequantize differs from gguf-py")
+    ref = x.astype(np.float64) @ wf.astype(np.float64).T
+    err = np.abs(kernels.ggml_matmul(w, int(G[name]), x) - ref)
+    if np.any(err > 1e-5 * (np.abs(x) @ np.abs(wf).T)):
+        raise SystemExit(f"{name}: matmul error above bound")
+
+
+def worker(types: list[str], threads: list[int], gemm: bool) -> None:
+    import torch
+
+    from rapidmoe.engine import kernels
+
+    isa = kernels.isa_info()["active"]
+    rng = np.random.default_rng(0)
+    bw = {n: read_bandwidth(n) for n in threads}
+    for name in types:
+        validate(kernels, name)
+        qtype = int(G[name])
+        w0 = random_tensor(rng, name, ROWS, K)
+        copies = [w0] + [random_tensor(rng, name, ROWS, K) for _ in range(max(0, WORKING_SET // w0.nbytes - 1))]
+        x1 = rng.standard_normal((1, K)).astype(np.float32)
+        for n in threads:
+            kernels.set_num_threads(n)
+            torch.set_num_threads(n)
+            reps = 3 if isa != "scalar" else 1
+
+            def gemv_all():
+                for w in copies:
+                    kernels.ggml_matmul(w, qtype, x1)
+
+            gemv_all()
+            t = best_time(gemv_all, reps)
+            row = {"type": name, "isa": isa, "threads": n, "gemv_gbs": sum(w.nbytes for w in copies) / t / 1e9,
+                   "read_gbs": bw[n], "weight_mb": w0.nbytes / 1e6}
+            row["gemv_frac"] = row["gemv_gbs"] / bw[n]
+            if gemm and isa != "scalar":
+                x = rng.standard_normal((T_GEMM, K)).astype(np.float32)
+                flop = 2.0 * T_GEMM * ROWS * K
+                kernels.ggml_matmul(w0, qtype, x)
+                row["gemm_gflops"] = flop / best_time(lambda: kernels.ggml_matmul(w0, qtype, x), 2) / 1e9
+                wt = torch.from_numpy(kernels.ggml_dequantize(w0, qtype, ROWS * K).reshape(ROWS, K))
+                xt = torch.from_numpy(x)
+                torch.matmul(xt, wt.T)
+                row["torch_f32_gflops"] = flop / best_time(lambda: torch.matmul(xt, wt.T), 2) / 1e9
+            print(json.dumps(row), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default=",".join(ALL_TYPES))
+    ap.add_argument("--isa", default="scalar,avx2,avx512")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--no-gemm", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="print JSON rows only")
+    args = ap.parse_args()
+    types = args.types.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.worker:
+        worker(types, threads, not args.no_gemm)
+        return 0
+    from rapidmoe.engine import kernels
+
+    info = kernels.isa_info()
+    rows = []
+    for isa in args.isa.split(","):
+        if isa != "scalar" and not info.get(isa):
+            print(f"skipping {isa}: not available on this CPU", file=sys.stderr)
+            continue
+        cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", args.threads]
+        if args.no_gemm:
+            cmd.append("--no-gemm")
+        proc = subprocess.run(cmd, env=dict(os.environ, RAPIDMOE_ISA=isa), capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return proc.returncode
+        for line in proc.stdout.splitlines():
+            rows.append(json.loads(line))
+            if not args.json:
+                r = rows[-1]
+                gemm = (f"  gemm T=512 {r['gemm_gflops']:6.1f} GFLOP/s (torch f32 {r['torch_f32_gflops']:6.1f})"
+                        if "gemm_gflops" in r else "")
+                print(f"{r['type']:5} {r['isa']:6} {r['threads']}t  gemv {r['gemv_gbs']:5.2f} GB/s "
+                      f"= {100 * r['gemv_frac']:3.0f}% of read {r['read_gbs']:5.2f}{gemm}", flush=True)
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
