@@ -1,0 +1,129 @@
+"""The Textual app: owns the config, the chat store and the engine backend, and
+shows the chat screen. `run_tui(args)` is what `rapidmoe-chat` without -p runs."""
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, Mapping
+
+from textual.app import App
+from textual.binding import Binding
+
+from ...engine.errors import UserError
+from ...engine.sampling import SamplingParams
+from ..config import Config, load_config, update_config_file
+from ..store import ChatStore
+from .backend import Backend, EngineBackend
+from .chat_screen import SCREEN_KEYS, ChatScreen
+from .commands import ChatCommands
+
+# command-line attribute -> SamplingParams field (the lead's parser may spell either)
+_ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
+               "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed",
+               "max_tokens": "max_tokens", "n_predict": "max_tokens", "stop": "stop"}
+
+
+def _css() -> str:
+    return resources.files("rapidmoe.assets").joinpath("app.tcss").read_text("utf-8")
+
+
+def to_params(base: SamplingParams | None, *layers: Mapping[str, Any]) -> SamplingParams:
+    """Apply override layers in order; lists (from TOML/JSON) become tuples."""
+    p = base or SamplingParams()
+    for layer in layers:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in (layer or {}).items()}
+        if "seed" in kw and kw["seed"] is None:  # an explicit "no seed" in a chat's settings
+            from dataclasses import replace
+
+            p = replace(p, seed=None)
+            kw.pop("seed")
+        p = p.with_overrides(**kw)
+    return p
+
+
+class ChatApp(App):
+    CSS = _css()
+    TITLE = "rapidmoe-chat"
+    COMMANDS = App.COMMANDS | {ChatCommands}
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
+
+    def __init__(self, *, backend: Backend | None = None, config: Config | None = None,
+                 store: ChatStore | None = None, model: str | None = None, n_ctx: int | None = None,
+                 system: str | None = None, overrides: Mapping[str, Any] | None = None,
+                 chat_id: int | None = None):
+        super().__init__()
+        self.config = config or load_config()
+        self.store = store or ChatStore()
+        self.backend: Backend = backend or EngineBackend()
+        self.model_spec = model
+        self.n_ctx = n_ctx or self.config.ctx or None
+        self.default_system = self.config.system if system is None else system
+        self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        self.open_chat_id = chat_id
+        self._theme_ready = False
+
+    def initial_model(self) -> str:
+        return self.model_spec or self.config.model or self.store.get_state("last_model") or "demo"
+
+    def new_chat_params(self) -> dict[str, Any]:
+        return {}
+
+    def to_params_checked(self, chat_params: Mapping[str, Any]) -> SamplingParams:
+        p = to_params(SamplingParams(), chat_params)
+        p.validate()
+        return p
+
+    def key_summary(self) -> dict[str, str]:
+        keys = {a: self.config.keys.get(a, k) for a, (k, _) in SCREEN_KEYS.items()}
+        keys["send"] = self.config.keys.get("send", "enter")
+        keys["newline"] = self.config.keys.get("newline", "shift+enter,ctrl+j")
+        keys["quit"] = self.config.keys.get("quit", "ctrl+q")
+        return keys
+
+    async def on_mount(self) -> None:
+        if self.config.theme in self.available_themes:
+            self.theme = self.config.theme
+        else:
+            self.notify(f"unknown theme {self.config.theme!r} in the config; using {self.theme}",
+                        severity="warning")
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+        keymap = {a: v for a, v in self.config.keys.items() if a in SCREEN_KEYS or a == "quit"}
+        self.set_keymap(keymap)
+        screen = ChatScreen()
+        await self.push_screen(screen)
+        if self.open_chat_id is not None:
+            await screen.show_chat(self.open_chat_id)
+        screen.load(self.initial_model())
+
+    def _save_theme(self, theme) -> None:
+        name = getattr(theme, "name", str(theme))
+        if name == self.config.theme:
+            return
+        try:
+            update_config_file({"ui": {"theme": name}}, self.config.path)
+            self.config.theme = name
+        except (OSError, UserError) as e:
+            self.notify(f"theme not saved: {e}", severity="warning")
+
+    def on_unmount(self) -> None:
+        self.store.close()
+
+
+def run_tui(args) -> int:
+    """args: the parsed command line (model, ctx, system, sampling flags; each optional)."""
+    overrides = {}
+    for attr, field in _ARG_PARAMS.items():
+        v = getattr(args, attr, None)
+        if v is not None:
+            overrides[field] = tuple(v) if isinstance(v, list) else v
+    chat_id = getattr(args, "chat", None)
+    store = ChatStore()
+    if chat_id is None and (getattr(args, "continue_", False) or getattr(args, "cont", False)):
+        last = store.last_chat()
+        chat_id = last.id if last else None
+    elif chat_id is not None:
+        store.get_chat(int(chat_id))  # a bad id: one clear line before the screen opens
+    app = ChatApp(store=store, model=getattr(args, "model", None), n_ctx=getattr(args, "ctx", None),
+                  system=getattr(args, "system", None), overrides=overrides,
+                  chat_id=int(chat_id) if chat_id is not None else None)
+    app.run()
+    return int(app.return_code or 0)

@@ -1,0 +1,80 @@
+"""The TUI's one door to the engine. `EngineBackend` is the real one; tests that
+must control timing pass another object with the same two methods.
+
+A chat object (engine.generate.ChatSession or a stand-in) has `.messages`
+(list of {"role", "content"}), `.params`, `.send(text, cancel, params)` and
+`.regenerate(cancel, params)`, both yielding engine.events dataclasses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from ...engine.sampling import SamplingParams
+
+# progress(what, done, total): ("load", 3, 30), ("download x.gguf · 12.0 MiB/s", bytes, bytes)
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class LoadedModel:
+    spec: str  # what the user asked for ("demo", a path, repo[:quant])
+    name: str  # shown in the status bar
+    n_ctx: int
+    defaults: SamplingParams  # the model's own defaults (GGUF metadata)
+    placement: str  # "CPU-centric", "W_Q 25% on GPU · residuals on CPU", ...
+    handle: Any = None  # the backend's model object
+    size_bytes: int = 0
+
+
+class Backend(Protocol):
+    def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel: ...
+
+    def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams) -> Any: ...
+
+
+def _load_progress(progress: Progress):
+    """load_model reports (step, done, total); the demo builder (fraction, message)."""
+
+    def cb(*a):
+        if len(a) == 3:
+            progress(str(a[0]), int(a[1]), int(a[2]))
+        elif len(a) == 2:
+            progress(str(a[1]), int(float(a[0]) * 100), 100)
+
+    return cb
+
+
+def _download_progress(progress: Progress):
+    def cb(p):
+        rate = f" · {p.rate / 2**20:.1f} MiB/s" if p.rate else ""
+        eta = f" · {p.eta_s:.0f} s left" if p.eta_s is not None and p.rate else ""
+        progress(f"download {p.filename} ({p.index + 1}/{p.count}){rate}{eta}", p.done, p.total or 0)
+
+    return cb
+
+
+def _is_local(spec: str) -> bool:
+    return spec == "demo" or Path(spec).expanduser().exists() or spec.endswith(".gguf")
+
+
+class EngineBackend:
+    def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
+        from ...engine.model import load_model
+
+        path = spec
+        if not _is_local(spec):  # repo[:quant]: pull what the HF cache lacks (resumable)
+            from ...engine import hub
+
+            path = str(hub.pull(spec, progress=_download_progress(progress))[0])
+        m = load_model(path, n_ctx=n_ctx or None, progress=_load_progress(progress))
+        name = str(m.metadata.get("general.name") or Path(m.path).stem)
+        return LoadedModel(spec=spec, name=name, n_ctx=m.n_ctx,
+                           defaults=SamplingParams.from_metadata(m.metadata),
+                           placement="CPU-centric", handle=m, size_bytes=int(m.file_bytes or 0))
+
+    def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams):
+        from ...engine.generate import ChatSession
+
+        return ChatSession(model.handle, system=system or None, params=params)

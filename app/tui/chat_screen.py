@@ -1,0 +1,364 @@
+"""The main screen: messages, the prompt, the context meter and the status bar.
+
+Engine work runs in thread workers. A reply's deltas go into a buffer under a
+lock; a timer drains it at `refresh_hz` and appends the new text to the reply's
+Markdown, so the screen redraws ~25 times a second whatever the token rate.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, ProgressBar, Static
+
+from ...engine.errors import UserError
+from ...engine.events import Finished, PromptProcessed, TextDelta
+from .actions import ChatActions
+from .context_meter import ContextMeter
+from .message import MessageView, Note
+from .prompt_input import PromptInput
+from .status_bar import StatusBar
+
+# binding id (= action, = [keys] entry in the config) -> (default key, footer label)
+SCREEN_KEYS = {
+    "stop": ("escape", "Stop"), "regenerate": ("ctrl+r", "Regen"), "edit_last": ("ctrl+g", "Edit"),
+    "copy_reply": ("ctrl+t", "Copy"), "copy_code": ("ctrl+b", "Code"), "new_chat": ("ctrl+n", "New"),
+    "chats": ("ctrl+o", "Chats"), "models": ("ctrl+l", "Models"), "settings": ("ctrl+s", "Settings"),
+}
+
+
+class ReplyDone(Message):
+    def __init__(self, final: Finished, view: MessageView):
+        super().__init__()
+        self.final, self.view = final, view
+
+
+class ReplyFailed(Message):
+    def __init__(self, error: BaseException, view: MessageView, prompt: str | None):
+        super().__init__()
+        self.error, self.view, self.prompt = error, view, prompt
+
+
+class LoadProgress(Message):
+    def __init__(self, what: str, done: int, total: int):
+        super().__init__()
+        self.what, self.done, self.total = what, done, total
+
+
+class LoadDone(Message):
+    def __init__(self, model: Any = None, error: BaseException | None = None, spec: str = ""):
+        super().__init__()
+        self.model, self.error, self.spec = model, error, spec
+
+
+class ChatScreen(ChatActions, Screen):
+    BINDINGS = [Binding(k, a, label, id=a, priority=True, show=a != "copy_code")
+                for a, (k, label) in SCREEN_KEYS.items()]
+
+    def __init__(self):
+        super().__init__()
+        self.model = None  # backend.LoadedModel
+        self.engine_chat = None  # the backend's chat object (messages + KV cache)
+        self.chat = None  # store.Chat, created on the first prompt
+        self.generating = False
+        self.is_loading = False
+        self.cancel = threading.Event()
+        self.load_cancel = threading.Event()
+        self._buf: list[str] = []
+        self._buf_lock = threading.Lock()
+        self._live: dict[str, Any] = {}
+        self._current: MessageView | None = None
+        self.stop_requested_at: float | None = None
+        self.stop_latencies: list[float] = []
+        self.last_final: Finished | None = None
+        self.last_prompt_stats: PromptProcessed | None = None
+        self.stats_after_reply = False
+        self._warned_ctx = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="title")
+        yield VerticalScroll(id="log")
+        with Horizontal(id="loading"):
+            yield Static("", id="load-what")
+            yield ProgressBar(id="load-bar", show_eta=False)
+        keys = self.app.config.keys
+        with Horizontal(id="input-row"):
+            yield PromptInput(id="prompt", send_keys=_split(keys.get("send", "enter")),
+                              newline_keys=_split(keys.get("newline", "shift+enter,ctrl+j")))
+            yield ContextMeter(id="ctx")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#loading").display = False
+        self.query_one("#log", VerticalScroll).anchor()  # follow new text unless the user scrolls up
+        self.query_one(PromptInput).prompt_history = self.app.store.prompt_history()
+        self.query_one(PromptInput).focus()
+        self.set_interval(1 / self.app.config.refresh_hz, self._drain)
+        self._set_title()
+
+    # --- helpers used by the actions ---
+    @property
+    def log_view(self) -> VerticalScroll:
+        return self.query_one("#log", VerticalScroll)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    def note(self, text: str, kind: str = "info") -> Note:
+        n = Note(text, kind)
+        self.log_view.mount(n)
+        return n
+
+    def _set_title(self) -> None:
+        title = self.chat.title if self.chat else "New chat"
+        self.query_one("#title", Static).update(f" {title}")
+
+    # --- model loading ---
+    def load(self, spec: str) -> None:
+        if self.generating:
+            self.action_stop()
+        self.is_loading = True
+        self.load_cancel = threading.Event()
+        self.query_one("#loading").display = True
+        self.query_one("#load-what", Static).update(f"loading {spec} …")
+        self.status.set_state("loading")
+        n_ctx = self.app.n_ctx
+        cancel = self.load_cancel
+
+        def progress(what: str, done: int, total: int) -> None:
+            if cancel.is_set():
+                raise KeyboardInterrupt  # hub.pull keeps the partial file for a later resume
+            self.post_message(LoadProgress(what, done, total))
+
+        def work() -> None:
+            try:
+                m = self.app.backend.load(spec, n_ctx, progress)
+            except BaseException as e:  # shown, never fatal: the previous model (if any) stays
+                self.post_message(LoadDone(error=e, spec=spec))
+            else:
+                self.post_message(LoadDone(model=m, spec=spec))
+
+        self.run_worker(work, thread=True, group="load", exclusive=True)
+
+    @on(LoadProgress)
+    def _on_load_progress(self, ev: LoadProgress) -> None:
+        self.query_one("#load-what", Static).update(ev.what)
+        self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
+
+    @on(LoadDone)
+    def _on_load_done(self, ev: LoadDone) -> None:
+        self.is_loading = False
+        self.query_one("#loading").display = False
+        self.status.set_state("")
+        if ev.error is not None:
+            msg = ("loading cancelled" if isinstance(ev.error, KeyboardInterrupt)
+                   else f"cannot load {ev.spec}: {ev.error}")
+            self.note(msg, "error")
+            return
+        self.model = ev.model
+        self.app.store.set_state("last_model", ev.spec)
+        self.status.set_model(self.model.name, self.model.placement)
+        if self.chat is not None:
+            self.app.store.set_model(self.chat.id, ev.spec)
+        self.rebuild_engine_chat()
+        self.query_one(ContextMeter).set_usage(0, self.model.n_ctx, self.params().max_tokens)
+
+    # --- engine chat state ---
+    def params(self):
+        """Model defaults < config [sampling] < this chat's settings < command-line flags."""
+        from .app import to_params
+
+        base = self.model.defaults if self.model else None
+        return to_params(base, self.app.config.sampling, self.chat.params if self.chat else {},
+                         self.app.overrides)
+
+    def system_prompt(self) -> str:
+        return self.chat.system if self.chat else self.app.default_system
+
+    def rebuild_engine_chat(self) -> None:
+        """A fresh engine chat holding this chat's history (its KV cache fills on the next turn)."""
+        if self.model is None:
+            self.engine_chat = None
+            return
+        self.engine_chat = self.app.backend.new_chat(self.model, self.system_prompt() or None, self.params())
+        if self.chat is not None:
+            self.engine_chat.messages.extend({"role": m.role, "content": m.content}
+                                             for m in self.app.store.messages(self.chat.id))
+
+    # --- generation ---
+    @on(PromptInput.Submitted)
+    async def _on_submit(self, ev: PromptInput.Submitted) -> None:
+        text = ev.text
+        if text.lstrip().startswith("/"):
+            self.prompt.load_text("")
+            await self.run_slash(text.strip())
+            return
+        if self.generating:
+            self.notify("A reply is still being written (Esc stops it)", severity="warning")
+            return
+        if self.model is None or self.engine_chat is None:
+            self.notify("No model loaded yet" + (" (loading…)" if self.is_loading else ": /model"),
+                        severity="warning")
+            return
+        self.prompt.load_text("")
+        self.prompt.prompt_history.append(text)
+        store = self.app.store
+        if self.chat is None:
+            self.chat = store.create_chat(_title_from(text), model=self.model.spec,
+                                          system=self.app.default_system,
+                                          params=self.app.new_chat_params())
+            self._set_title()
+        msg = store.add_message(self.chat.id, "user", text)
+        await self.log_view.mount(MessageView("user", text, message_id=msg.id))
+        await self.start_reply(text)
+
+    async def start_reply(self, text: str | None) -> None:
+        """text: a new prompt to send; None: regenerate the reply to the last one."""
+        self.cancel = threading.Event()
+        self.stop_requested_at = None
+        view = MessageView("assistant", label=self.model.name, streaming=True)
+        await self.log_view.mount(view)
+        self._current = view
+        self.generating = True
+        self.status.set_state("thinking")
+        self.status.set_stats(reset=True)
+        chat, cancel, params = self.engine_chat, self.cancel, self.params()
+        with self._buf_lock:
+            self._buf.clear()
+            self._live = {}
+
+        def work() -> None:
+            try:
+                it = chat.send(text, cancel, params) if text is not None else chat.regenerate(cancel, params)
+                for e in it:
+                    if isinstance(e, TextDelta):
+                        with self._buf_lock:
+                            self._buf.append(e.text)
+                            self._live["decode_tok_s"] = e.decode_tok_s
+                            if e.critical is not None:
+                                self._live["critical"] = e.critical
+                    elif isinstance(e, PromptProcessed):
+                        with self._buf_lock:
+                            self._live.update(prompt_tok_s=e.prompt_tok_s, ttft_s=e.ttft_s, prompt=e)
+                    elif isinstance(e, Finished):
+                        self.post_message(ReplyDone(e, view))
+            except BaseException as e:
+                self.post_message(ReplyFailed(e, view, text))
+
+        self.run_worker(work, thread=True, group="generate")
+
+    async def _drain(self) -> None:
+        """The timer: move buffered deltas into the reply being written."""
+        view = self._current
+        with self._buf_lock:
+            text = "".join(self._buf)
+            self._buf.clear()
+            live = dict(self._live)
+        if view is None:
+            return
+        if text:
+            view.feed(text)
+            await view.flush()
+            if self.status.state == "thinking":
+                self.status.set_state("writing")
+        if live:
+            self.status.set_stats(decode_tok_s=live.get("decode_tok_s"), prompt_tok_s=live.get("prompt_tok_s"),
+                                  ttft_s=live.get("ttft_s"), critical=live.get("critical"))
+            if "prompt" in live:
+                self.last_prompt_stats = live["prompt"]
+
+    @on(ReplyDone)
+    async def _on_reply_done(self, ev: ReplyDone) -> None:
+        await self._drain()
+        f = ev.final
+        self._current = None
+        self.generating = False
+        self.last_final = f
+        if self.stop_requested_at is not None:
+            latency = time.perf_counter() - self.stop_requested_at
+            self.stop_latencies.append(latency)
+            self.stop_requested_at = None
+        self.status.set_state("")
+        self.status.set_stats(decode_tok_s=f.decode_tok_s, prompt_tok_s=f.prompt_tok_s, ttft_s=f.ttft_s)
+        stats = {"finish_reason": f.finish_reason, "prompt_tokens": f.prompt_tokens,
+                 "completion_tokens": f.completion_tokens, "ttft_s": round(f.ttft_s, 4),
+                 "prompt_tok_s": round(f.prompt_tok_s, 2), "decode_tok_s": round(f.decode_tok_s, 2),
+                 "context_used": f.context_used, "context_size": f.context_size}
+        msg = self.app.store.add_message(self.chat.id, "assistant", f.text, stats)
+        ev.view.message_id = msg.id
+        await ev.view.finish(f.text, _footer(f))
+        meter = self.query_one(ContextMeter)
+        meter.set_usage(f.context_used, f.context_size, self.params().max_tokens)
+        if f.finish_reason == "context":
+            self.note("The context window is full: the reply was cut. Start a new chat (Ctrl+N) or /clear.",
+                      "warning")
+        elif meter.level != "ok" and not self._warned_ctx:
+            self._warned_ctx = True
+            self.notify(meter.tooltip, severity="warning", timeout=6)
+        if self.stats_after_reply:
+            self.note(self.stats_text())
+
+    @on(ReplyFailed)
+    async def _on_reply_failed(self, ev: ReplyFailed) -> None:
+        self._current = None
+        self.generating = False
+        self.status.set_state("")
+        await ev.view.remove()
+        err = ev.error
+        self.note(str(err) if isinstance(err, UserError) else f"generation failed: {type(err).__name__}: {err}",
+                  "error")
+        # a prompt that could not be answered goes back into the input, not into the history
+        msgs = self.engine_chat.messages if self.engine_chat else []
+        if ev.prompt is not None and msgs and msgs[-1]["role"] == "user":
+            msgs.pop()
+            last = self.app.store.messages(self.chat.id)[-1]
+            self.app.store.delete_messages_from(self.chat.id, last.id)
+            views = list(self.log_view.query(MessageView))
+            if views and views[-1].role == "user":
+                await views[-1].remove()
+            self.prompt.load_text(ev.prompt)
+
+    def stats_text(self) -> str:
+        f = self.last_final
+        if f is None:
+            return "No reply yet."
+        p = self.last_prompt_stats
+        cached = f" ({p.cached_tokens} reused from the KV cache)" if p and p.cached_tokens else ""
+        lat = f" · stop latency {self.stop_latencies[-1] * 1000:.0f} ms" if (
+            f.finish_reason == "cancelled" and self.stop_latencies) else ""
+        return (f"prompt {f.prompt_tokens} tok{cached} at {f.prompt_tok_s:.1f} tok/s · TTFT {f.ttft_s:.2f} s · "
+                f"reply {f.completion_tokens} tok at {f.decode_tok_s:.1f} tok/s · {f.finish_reason}{lat} · "
+                f"context {f.context_used}/{f.context_size}")
+
+    def on_unmount(self) -> None:
+        self.cancel.set()
+        self.load_cancel.set()
+
+
+def _split(keys: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in keys.split(",") if k.strip())
+
+
+def _title_from(text: str) -> str:
+    t = " ".join(text.split())
+    return t if len(t) <= 48 else t[:47] + "…"
+
+
+def _footer(f: Finished) -> str:
+    tail = {"stop": "", "cancelled": " · stopped", "length": " · max tokens reached",
+            "context": " · context full"}.get(f.finish_reason, f" · {f.finish_reason}")
+    return (f"{f.completion_tokens} tok · {f.decode_tok_s:.1f} tok/s · prompt {f.prompt_tok_s:.0f} tok/s · "
+            f"TTFT {f.ttft_s:.2f} s{tail}")

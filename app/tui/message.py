@@ -1,0 +1,123 @@
+"""One chat message: a role line, a collapsible <think> block, the Markdown body
+and a stats footer. Streamed text is buffered by `feed()` and drawn by
+`flush()`, which the chat screen calls on a timer (~25 Hz), appending only the
+new tail to the Markdown widgets instead of re-rendering the whole reply."""
+from __future__ import annotations
+
+import asyncio
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Collapsible, Markdown, Static
+
+from .think import code_blocks, split_think
+
+
+class MessageView(Vertical, can_focus=True):
+    BINDINGS = [
+        Binding("c", "copy", "Copy message"),
+        Binding("k", "copy_code", "Copy code block"),
+    ]
+
+    def __init__(self, role: str, text: str = "", *, label: str | None = None,
+                 streaming: bool = False, footer: str = "", message_id: int | None = None):
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.label = label or ("You" if role == "user" else role.capitalize())
+        self.message_id = message_id
+        self.streaming = streaming
+        self._text = text
+        self._footer = footer
+        self._shown = {"think": "", "answer": ""}
+        self._lock = asyncio.Lock()
+        self._code_index = 0
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def _parts(self) -> tuple[str, str, bool]:
+        if self.role == "user":  # a prompt is shown as written
+            return "", self._text, False
+        return split_think(self._text, streaming=self.streaming)
+
+    def compose(self) -> ComposeResult:
+        think, answer, thinking = self._parts()
+        self._shown = {"think": think, "answer": answer}
+        yield Static(self.label, classes="role")
+        box = Collapsible(title=_think_title(think, thinking), collapsed=True, classes="think")
+        box.display = bool(think) or thinking
+        with box:
+            yield Markdown(think, classes="think-body")
+        yield Markdown(answer, classes="body")
+        footer = Static(self._footer, classes="footer", markup=False)
+        footer.display = bool(self._footer)
+        yield footer
+
+    def feed(self, delta: str) -> None:
+        self._text += delta
+
+    async def set_text(self, text: str) -> None:
+        self._text = text
+        await self.flush()
+
+    async def finish(self, text: str, footer: str = "") -> None:
+        self.streaming = False
+        self._text = text
+        await self.flush()
+        self.set_footer(footer)
+
+    def set_footer(self, footer: str) -> None:
+        self._footer = footer
+        if self.is_mounted:
+            self.query_one(".footer", Static).update(footer)
+            self.query_one(".footer", Static).display = bool(footer)
+
+    async def flush(self) -> None:
+        if not self.is_mounted:
+            return
+        think, answer, thinking = self._parts()
+        async with self._lock:  # Markdown.append must not interleave
+            for part, text, md in (("think", think, self.query_one(".think-body", Markdown)),
+                                   ("answer", answer, self.query_one(".body", Markdown))):
+                old = self._shown[part]
+                if text == old:
+                    continue
+                if text.startswith(old) and old:
+                    await md.append(text[len(old):])
+                else:
+                    await md.update(text)
+                self._shown[part] = text
+        box = self.query_one(Collapsible)
+        box.display = bool(think) or thinking
+        box.title = _think_title(think, thinking)
+        self.query_one(".footer", Static).display = bool(self._footer)
+
+    # --- copy ---
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self._text)
+        self.app.notify("Message copied", timeout=2)
+
+    def action_copy_code(self) -> None:
+        """Copies the code blocks one after the other on repeated presses."""
+        blocks = code_blocks(split_think(self._text)[1])
+        if not blocks:
+            self.app.notify("No code block in this message", severity="warning", timeout=2)
+            return
+        block = blocks[self._code_index % len(blocks)]
+        self._code_index += 1
+        self.app.copy_to_clipboard(block)
+        self.app.notify(f"Code block {(self._code_index - 1) % len(blocks) + 1}/{len(blocks)} copied",
+                        timeout=2)
+
+
+def _think_title(think: str, thinking: bool) -> str:
+    return "Thinking…" if thinking else f"Thought ({len(think.split())} words)"
+
+
+class Note(Static):
+    """A line from the app (help, stats, errors) between messages; not part of the chat."""
+
+    def __init__(self, text: str, kind: str = "info"):
+        super().__init__(text, classes=f"note {kind}", markup=False)

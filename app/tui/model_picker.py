@@ -1,0 +1,65 @@
+"""Pick a model: the offline demo, GGUFs already in the Hugging Face cache, or a
+path / `repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from .status_bar import fmt_bytes
+
+
+def available_models() -> list[tuple[str, str]]:
+    """(spec, label) of what can load without a download."""
+    from ...engine.demo import DEMO_NAME, demo_cache_path
+
+    demo = demo_cache_path()
+    built = f"{fmt_bytes(demo.stat().st_size)}" if demo.is_file() else "built on first use"
+    out = [("demo", f"demo · {DEMO_NAME} · {built}")]
+    try:
+        from ...engine.hub import list_cached
+
+        for m in list_cached():
+            state = "" if m.complete else f" · INCOMPLETE ({len(m.missing)} part(s) missing)"
+            out.append((m.spec, f"{m.spec} · {fmt_bytes(m.size)} · HF cache{state}"))
+    except Exception as e:  # a damaged cache must not keep the picker from opening
+        out.append(("", f"(Hugging Face cache unreadable: {type(e).__name__})"))
+    return out
+
+
+class ModelPicker(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, current: str | None = None):
+        super().__init__()
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker", classes="dialog"):
+            yield Static("Models", classes="dialog-title")
+            opts = []
+            for spec, label in available_models():
+                mark = "● " if spec == self.current else "  "
+                opts.append(Option(mark + label, id=spec or None, disabled=not spec))
+            yield OptionList(*opts, id="model-list")
+            yield Input(placeholder="a GGUF path, or REPO[:QUANT] to pull from the Hugging Face Hub",
+                        id="model-spec")
+            yield Static("type a name and Enter, or Tab to the list · Esc closes", classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#model-spec", Input).focus()
+
+    @on(OptionList.OptionSelected)
+    def _picked(self, ev: OptionList.OptionSelected) -> None:
+        if ev.option.id:
+            self.dismiss(ev.option.id)
+
+    @on(Input.Submitted)
+    def _typed(self, ev: Input.Submitted) -> None:
+        spec = ev.value.strip()
+        if spec:
+            self.dismiss(spec)

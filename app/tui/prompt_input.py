@@ -1,0 +1,72 @@
+"""The prompt box: a TextArea where Enter sends, Shift+Enter / Ctrl+J insert a
+newline (both rebindable), Up/Down on an empty or untouched box walk the prompt
+history, Tab completes `/` commands. Pastes arrive as one Paste event, so a
+pasted newline never sends."""
+from __future__ import annotations
+
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
+
+from .commands import complete
+
+
+class PromptInput(TextArea):
+    class Submitted(Message):
+        def __init__(self, text: str):
+            super().__init__()
+            self.text = text
+
+    def __init__(self, send_keys=("enter",), newline_keys=("shift+enter", "ctrl+j"), **kw):
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
+        self.send_keys = set(send_keys)
+        self.newline_keys = set(newline_keys)
+        self.prompt_history: list[str] = []
+        self._hist_pos: int | None = None
+
+    def submit(self) -> None:
+        text = self.text
+        if not text.strip():
+            return
+        self.post_message(self.Submitted(text))
+
+    def _walk_history(self, step: int) -> bool:
+        if not self.prompt_history or (self.text and self._hist_pos is None):
+            return False
+        pos = len(self.prompt_history) if self._hist_pos is None else self._hist_pos
+        pos = max(0, min(len(self.prompt_history), pos + step))
+        self._hist_pos = None if pos == len(self.prompt_history) else pos
+        self.load_text("" if self._hist_pos is None else self.prompt_history[pos])
+        self.move_cursor(self.document.end)
+        return True
+
+    async def _on_key(self, event: events.Key) -> None:
+        key = event.key
+        if key in self.send_keys:
+            event.stop()
+            event.prevent_default()
+            self.submit()
+            return
+        if key in self.newline_keys:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        if key == "tab" and self.text.startswith("/") and "\n" not in self.text:
+            done = complete(self.text)
+            if done and done != self.text:
+                event.stop()
+                event.prevent_default()
+                self.load_text(done)
+                self.move_cursor(self.document.end)
+                return
+        if key in ("up", "down") and self.cursor_location[0] in (0, self.document.line_count - 1):
+            first, last = self.cursor_location[0] == 0, self.cursor_location[0] == self.document.line_count - 1
+            if (key == "up" and first) or (key == "down" and last):
+                if self._walk_history(-1 if key == "up" else 1):
+                    event.stop()
+                    event.prevent_default()
+                    return
+        if event.is_printable or key in ("backspace", "delete"):
+            self._hist_pos = None
+        await super()._on_key(event)
