@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# torch's OpenMP workers must not spin between ops: the kernels' own threads
+# need those cores (set before torch is imported).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ..engine.errors import UserError
 

@@ -28,6 +28,27 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
     return quants.dequantize(rows, t).reshape(shape).astype(np.float32, copy=False)
 
 
+class QWeight:
+    """A matrix kept in its GGUF type: raw bytes [*batch, rows, row_bytes] (a
+    zero-copy view of the file) computed with by the CPU kernels."""
+
+    def __init__(self, raw: np.ndarray, qtype: int, shape: tuple[int, ...]):
+        self.qtype, self.shape = int(qtype), shape  # shape: numpy order, last = input dim
+        self.raw = raw.reshape(*shape[:-1], -1)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        # x [T, in] -> [T, rows]
+        return torch.from_numpy(kernels.ggml_matmul(self.raw, self.qtype, x.detach().numpy()))
+
+    def expert_matmul(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # stacked (E, rows, in): ids [n], x [n, in] -> [n, rows]
+        return torch.from_numpy(kernels.ggml_expert_matmul(self.raw, self.qtype, ids.numpy(), x.detach().numpy()))
+
+
 class Weights:
     """Access to a model's tensors by name with llama.cpp's expected shapes."""
 
@@ -57,6 +78,14 @@ class Weights:
         if arr.base is not None and not arr.flags.writeable:
             arr = arr.copy()  # never hand torch a view of the read-only mapping
         return torch.from_numpy(arr)
+
+    def mat(self, name: str, *ne: int) -> "torch.Tensor | QWeight":
+        """A weight matrix (or stack of them) for matmuls: F32 as a torch tensor,
+        every other type kept as it is in the file (never expanded to f32)."""
+        t = self.info(name, ne)
+        if t.ggml_type == T.F32:
+            return self.get(name, *ne)
+        return QWeight(self.gguf.raw(name), t.ggml_type, t.shape)
 
     def opt(self, name: str, *ne: int) -> torch.Tensor | None:
         return self.get(name, *ne) if self.has(name) else None

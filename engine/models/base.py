@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..config import ModelConfig
 from ..weights import Weights
-from .common import KVCache, Rope, linear, rms_norm
+from .common import KVCache, Rope, embed, linear, rms_norm
 
 
 class Attention:
@@ -19,10 +20,10 @@ class Attention:
         H, nh, nkv, hd, hdv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
         p = f"blk.{il}."
         self.cfg, self.rope, self.scale, self.il = cfg, rope, kq_scale, il
-        self.wq = W.get(p + "attn_q.weight", H, nh * hd)
-        self.wk = W.get(p + "attn_k.weight", H, nkv * hd)
-        self.wv = W.get(p + "attn_v.weight", H, nkv * hdv)
-        self.wo = W.get(p + "attn_output.weight", nh * hdv, H)
+        self.wq = W.mat(p + "attn_q.weight", H, nh * hd)
+        self.wk = W.mat(p + "attn_k.weight", H, nkv * hd)
+        self.wv = W.mat(p + "attn_v.weight", H, nkv * hdv)
+        self.wo = W.mat(p + "attn_output.weight", nh * hdv, H)
         opt = W.get if bias else W.opt
         self.bq = opt(p + "attn_q.bias", nh * hd)
         self.bk = opt(p + "attn_k.bias", nkv * hd)
@@ -77,10 +78,8 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, W: Weights, build_block, progress=None):
         H, V = cfg.n_embd, cfg.n_vocab
         self.cfg = cfg
-        self.tok_embd = W.get("token_embd.weight", H, V)  # [V, H]
-        self.output = W.opt("output.weight", H, V)
-        if self.output is None:  # tied embeddings
-            self.output = self.tok_embd
+        self.tok_embd = W.mat("token_embd.weight", H, V)  # [V, H]
+        self.output = W.mat("output.weight", H, V) if W.has("output.weight") else self.tok_embd  # tied
         self.output_norm = W.get("output_norm.weight", H)
         self.blocks = []
         for il in range(cfg.n_layer):
@@ -94,7 +93,10 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only)."""
-        x = self.tok_embd[tokens]  # [T, H]
+        # Decode's heavy math is in the kernels' own thread pool; torch's OpenMP
+        # workers spinning beside it on the same cores only slow both down.
+        torch.set_num_threads(1 if tokens.numel() == 1 else kernels.num_threads())
+        x = embed(self.tok_embd, tokens)  # [T, H]
         for blk in self.blocks:
             x = blk(x, pos0, cache)
         if last_only:

@@ -3,6 +3,7 @@ the dense SwiGLU FFN. Math and order of operations follow llama.cpp."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,20 +17,47 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return y * w if w is not None else y
 
 
-class Rope:
-    """Rotary embedding tables for one model (norm = adjacent pairs, neox = halves)."""
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling as ggml's rope applies it: per rotary pair, a ramp between
+    the interpolated (pos * freq_scale) and extrapolated (pos) angles, and a
+    magnitude attn_factor * (1 + 0.1 ln(1/freq_scale)) on cos and sin."""
+    attn_factor: float  # the context's yarn_attn_factor (llama.cpp cparams)
+    n_ctx_orig: int  # rope.scaling.original_context_length
+    ext_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, theta_scale_dims: int | None = None,
-                 freq_scale: float | None = None, mscale: float = 1.0, ext: "torch.Tensor | None" = None):
+    def corr_dims(self, n_dims: int, base: float) -> tuple[float, float]:
+        """First and last rotary pair of the ramp (ggml_rope_yarn_corr_dims)."""
+        def dim(n_rot: float) -> float:
+            return n_dims * math.log(self.n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+        return max(0.0, math.floor(dim(self.beta_fast))), min(n_dims - 1.0, math.ceil(dim(self.beta_slow)))
+
+
+class Rope:
+    """Rotary embedding tables for one model (norm = adjacent pairs, neox = halves),
+    optionally with YaRN scaling."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, yarn: Yarn | None = None):
         d = cfg.rope_dim
         self.dim, self.style = d, cfg.rope_style
         i = torch.arange(0, d, 2, dtype=torch.float64)
         inv = cfg.rope_base ** (-i / d)  # [d/2]
-        fs = cfg.rope_freq_scale if freq_scale is None else freq_scale
+        fs = cfg.rope_freq_scale
         pos = torch.arange(n_ctx, dtype=torch.float64)[:, None]
-        theta = pos * inv[None, :] * fs  # [n_ctx, d/2]
-        if ext is not None:  # YaRN: per-dimension blend of interpolated and extrapolated angles
-            theta = ext(pos, inv)
+        extrap = pos * inv[None, :]  # [n_ctx, d/2]
+        theta = extrap * fs
+        mscale = 1.0
+        if yarn is not None:
+            mscale = yarn.attn_factor
+            if yarn.ext_factor != 0.0:
+                low, high = yarn.corr_dims(d, cfg.rope_base)
+                ramp = 1 - ((i / 2 - low) / max(0.001, high - low)).clamp(0, 1)  # [d/2]: 1 = extrapolate
+                mix = ramp * yarn.ext_factor
+                theta = theta * (1 - mix) + extrap * mix
+                mscale *= 1.0 + 0.1 * math.log(1.0 / fs)
         self.cos = (torch.cos(theta) * mscale).float()
         self.sin = (torch.sin(theta) * mscale).float()
 
@@ -79,9 +107,23 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
     return out.transpose(0, 1).reshape(T, -1)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    # x [T, in], w [out, in] -> [T, out]
-    return F.linear(x, w, b)
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    # x [T, in], w [out, in] (f32 tensor, or a QWeight kept in its GGUF type) -> [T, out]
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    y = w.matmul(x.contiguous())
+    return y + b if b is not None else y
+
+
+def embed(table, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows of the embedding table [V, H] (f32 tensor or QWeight) -> [T, H] f32."""
+    if isinstance(table, torch.Tensor):
+        return table[tokens]
+    from .. import kernels
+
+    rows = table.raw[tokens.numpy()]  # [T, row_bytes]: only the rows used are read
+    return torch.from_numpy(kernels.ggml_dequantize(rows, table.qtype, rows.shape[0] * table.shape[-1])
+                            ).view(rows.shape[0], -1)
 
 
 def swiglu_ffn(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,18 @@
 """Loading one layer's stacked routed experts, kept (E, out, in) as in the GGUF."""
 from __future__ import annotations
 
-from ..moe.experts import DenseExperts
+import torch
+
+from ..moe.experts import DenseExperts, QuantExperts
 
 
 def load_experts(cfg, W, il: int):
     p, H, ff, E = f"blk.{il}.", cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
-    return DenseExperts(
-        W.get(p + "ffn_gate_exps.weight", H, ff, E),  # [E, ff, H]
-        W.get(p + "ffn_up_exps.weight", H, ff, E),  # [E, ff, H]
-        W.get(p + "ffn_down_exps.weight", ff, H, E),  # [E, H, ff]
+    mats = (
+        W.mat(p + "ffn_gate_exps.weight", H, ff, E),  # [E, ff, H]
+        W.mat(p + "ffn_up_exps.weight", H, ff, E),  # [E, ff, H]
+        W.mat(p + "ffn_down_exps.weight", ff, H, E),  # [E, H, ff]
     )
+    if all(isinstance(m, torch.Tensor) for m in mats):
+        return DenseExperts(*mats)
+    return QuantExperts(*mats)

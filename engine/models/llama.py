@@ -13,9 +13,9 @@ from .experts_loader import load_experts
 class DenseFFN:
     def __init__(self, cfg, W, il):
         p, H, ff = f"blk.{il}.", cfg.n_embd, cfg.n_ff
-        self.gate = W.get(p + "ffn_gate.weight", H, ff)
-        self.up = W.get(p + "ffn_up.weight", H, ff)
-        self.down = W.get(p + "ffn_down.weight", ff, H)
+        self.gate = W.mat(p + "ffn_gate.weight", H, ff)
+        self.up = W.mat(p + "ffn_up.weight", H, ff)
+        self.down = W.mat(p + "ffn_down.weight", ff, H)
 
     def __call__(self, x):
         return swiglu_ffn(x, self.gate, self.up, self.down)
@@ -27,7 +27,7 @@ def build(cfg, W, n_ctx, progress=None) -> Transformer:
     def block(cfg, W, il):
         attn = Attention(cfg, W, il, rope, default_kq_scale(cfg))
         if cfg.n_expert:
-            ffn = MoEFFN(W.get(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
+            ffn = MoEFFN(W.mat(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
                          load_experts(cfg, W, il), RouterSpec.from_config(cfg))
         else:
             ffn = DenseFFN(cfg, W, il)

@@ -14,7 +14,7 @@ def build(cfg, W, n_ctx, progress=None) -> Transformer:
 
     def block(cfg, W, il):
         attn = Attention(cfg, W, il, rope, default_kq_scale(cfg), qk_norm="full")
-        ffn = MoEFFN(W.get(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
+        ffn = MoEFFN(W.mat(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
                      load_experts(cfg, W, il), RouterSpec.from_config(cfg))
         return Block(cfg, W, il, attn, ffn)
 

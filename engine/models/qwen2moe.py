@@ -17,11 +17,11 @@ def build(cfg, W, n_ctx, progress=None) -> Transformer:
     def block(cfg, W, il):
         p = f"blk.{il}."
         attn = Attention(cfg, W, il, rope, default_kq_scale(cfg), bias=True)
-        shared = SharedExpert(W.get(p + "ffn_gate_shexp.weight", H, ff_sh),
-                              W.get(p + "ffn_up_shexp.weight", H, ff_sh),
-                              W.get(p + "ffn_down_shexp.weight", ff_sh, H),
+        shared = SharedExpert(W.mat(p + "ffn_gate_shexp.weight", H, ff_sh),
+                              W.mat(p + "ffn_up_shexp.weight", H, ff_sh),
+                              W.mat(p + "ffn_down_shexp.weight", ff_sh, H),
                               gate_inp=W.get(p + "ffn_gate_inp_shexp.weight", H))
-        ffn = MoEFFN(W.get(p + "ffn_gate_inp.weight", H, cfg.n_expert),
+        ffn = MoEFFN(W.mat(p + "ffn_gate_inp.weight", H, cfg.n_expert),
                      load_experts(cfg, W, il), RouterSpec.from_config(cfg), shared=shared)
         return Block(cfg, W, il, attn, ffn)
 

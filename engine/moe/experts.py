@@ -32,3 +32,26 @@ class DenseExperts:
             ye = h @ self.down[e].T  # [n, H]
             out.index_add_(0, t, ye * w.reshape(-1)[slots, None])
         return out
+
+
+class QuantExperts:
+    """SwiGLU experts kept in their GGUF type (QWeight stacks (E, out, in));
+    one kernel call per projection for all (token, expert) pairs of a layer."""
+
+    def __init__(self, gate, up, down):
+        self.gate, self.up, self.down = gate, up, down
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # x [T, H], ids [T, k], w [T, k] -> [T, H]
+        T, k = ids.shape
+        flat = ids.reshape(-1).to(torch.int32)  # [T*k]
+        xr = x.repeat_interleave(k, dim=0)  # [T*k, H]: row j goes through expert flat[j]
+        h = F.silu(_emm(self.gate, flat, xr)) * _emm(self.up, flat, xr)  # [T*k, ff]
+        y = _emm(self.down, flat, h)  # [T*k, H]
+        return (y.view(T, k, -1) * w[:, :, None]).sum(1)
+
+
+def _emm(wt, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(wt, torch.Tensor):  # an f32 stack among quantized ones
+        return torch.einsum("nrk,nk->nr", wt[ids.long()], x)
+    return wt.expert_matmul(ids, x)
