@@ -18,6 +18,9 @@ from ..engine.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("cmd_eval", "perplexity / KL of a model over a text (full precision by default)"),
     "pull": ("cmd_pull", "download a GGUF model from the Hugging Face Hub: REPO[:QUANT]"),
+    "paths": ("cmd_paths", "where config, chat history, cache, packs and models live"),
+    "list": ("cmd_list", "models (demo, Hugging Face cache) and packs, with sizes"),
+    "rm": ("cmd_rm", "remove a model or pack, and packs whose source is gone"),
 }
 
 
