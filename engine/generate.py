@@ -146,13 +146,9 @@ class ChatSession:
 
     def prompt_tokens(self, add_generation_prompt: bool = True) -> list[int]:
         tok, meta = self.model.tokenizer, self.model.metadata
-        vocab = meta.get("tokenizer.ggml.tokens") or []
-
-        def text_of(i):
-            return vocab[i] if i is not None and 0 <= i < len(vocab) else ""
-
         text = self._render(meta.get("tokenizer.chat_template") or "", self.messages,
-                            bos_token=text_of(tok.bos_id), eos_token=text_of(tok.eos_id),
+                            bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+                            eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
                             add_generation_prompt=add_generation_prompt)
         # the template writes BOS itself when it wants one: add it only if it did not
         ids = tok.encode(text, add_special=True, parse_special=True)
