@@ -1,0 +1,106 @@
+"""`paths`, `list` and `rm` on real files: a Hugging Face cache laid out as
+huggingface_hub lays it out (blobs + snapshot symlinks + refs), packs written as
+GGUF files, and the built-in demo path."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from rapidmoe.app.cli import main
+from rapidmoe.app.cmd_list import PACK_SOURCE_KEY, packs_dir
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    for var in ("RAPIDMOE_CACHE_DIR", "RAPIDMOE_CONFIG_DIR", "RAPIDMOE_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.split("_")[1].lower()))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return tmp_path
+
+
+def hf_file(root: Path, repo: str, name: str, data: bytes, commit="c0ffee" * 6 + "abcd") -> Path:
+    """One file in the HF cache layout: blobs/<etag>, snapshots/<commit>/<name> -> blob, refs/main."""
+    rd = root / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+    blob = rd / "blobs" / f"{abs(hash((repo, name))):x}"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    ptr = rd / "snapshots" / commit / name
+    ptr.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(blob, ptr.parent), ptr)
+    (rd / "refs").mkdir(exist_ok=True)
+    (rd / "refs" / "main").write_text(commit)
+    return ptr
+
+
+def pack(path: Path, source: str | None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(str(path), "llama")
+    if source is not None:
+        w.add_string(PACK_SOURCE_KEY, source)
+    w.add_tensor("wq", np.zeros(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_paths_prints_every_location(dirs, capsys):
+    assert main(["paths", "--json"]) == 0
+    locs = json.loads(capsys.readouterr().out)
+    assert locs["config"] == str(dirs / "config" / "config.toml")
+    assert locs["history"] == str(dirs / "data" / "history.db")
+    assert locs["packs"] == str(dirs / "cache" / "packs")
+    assert locs["hf cache"] == str(dirs / "hf" / "hub")
+    assert locs["demo model"].startswith(str(dirs / "cache"))
+    assert main(["paths"]) == 0
+    out = capsys.readouterr().out
+    assert "history" in out and "(not created yet)" in out
+
+
+def test_list_and_rm(dirs, capsys):
+    q4 = hf_file(dirs, "org/Tiny-GGUF", "tiny-Q4_K_M.gguf", b"x" * 3000)
+    hf_file(dirs, "org/Tiny-GGUF", "tiny-Q8_0.gguf", b"y" * 5000)
+    good = pack(packs_dir() / "tiny-q4" / "pack.gguf", str(q4))
+    orphan = pack(packs_dir() / "old.gguf", str(dirs / "deleted.gguf"))
+    (packs_dir() / ".half.gguf.123.tmp").write_bytes(b"partial")
+    (packs_dir() / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 10)
+
+    assert main(["list", "--json"]) == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["org/Tiny-GGUF:Q4_K_M"]["size"] == 3000 and rows["org/Tiny-GGUF:Q8_0"]["size"] == 5000
+    assert rows["demo"]["kind"] == "demo"
+    assert not rows["tiny-q4/pack.gguf"]["stale"]
+    assert rows["old.gguf"]["stale"] and rows["broken.gguf"]["stale"] and rows[".half.gguf.123.tmp"]["stale"]
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "org/Tiny-GGUF:Q4_K_M" in text and "2.9 KiB" in text and "3 stale pack(s)" in text
+
+    # without --yes and without a terminal nothing is removed
+    assert main(["rm", "org/tiny-gguf:q4_k_m"]) == 2
+    assert q4.exists()
+    capsys.readouterr()
+
+    # removing the quant removes its blob, keeps the other quant, and cleans the packs it made stale
+    assert main(["rm", "org/tiny-gguf:q4_k_m", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "removed org/Tiny-GGUF:Q4_K_M" in out and "removed 4 stale pack(s)" in out
+    assert not q4.exists() and not good.exists() and not orphan.exists()
+    assert list(packs_dir().iterdir()) == []
+    blobs = list((dirs / "hf/hub/models--org--Tiny-GGUF/blobs").iterdir())
+    assert [b.stat().st_size for b in blobs] == [5000]
+
+    # the last quant of a repo takes the repo folder with it
+    assert main(["rm", "org/Tiny-GGUF", "--yes"]) == 0
+    assert not (dirs / "hf/hub/models--org--Tiny-GGUF").exists()
+    capsys.readouterr()
+    assert main(["rm", "nope/nothing", "--yes"]) == 2
+    assert "no such model or pack" in capsys.readouterr().err
+    assert main(["rm", "--stale"]) == 0
+    assert "no stale packs" in capsys.readouterr().out
