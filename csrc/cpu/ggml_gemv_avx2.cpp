@@ -1,9 +1,12 @@
-// AVX2+FMA f32 tile kernel of the GGUF matmul: dot products of R weight rows
-// with T activation rows, 8 lanes at a time, remainders by masked loads.
+// AVX2+FMA kernels of the GGUF matmul:
+// * a fused GEMV for T <= 2 activation rows: weights are unpacked into
+//   registers (ggml_unpack_avx2.h) and multiplied at once, 4 rows at a time;
+// * an f32 tile kernel (dot products of R dequantized weight rows with T
+//   activation rows, 8 lanes at a time, remainders by masked loads).
 #include "ggml_kernels.h"
 
 #if RMOE_X86
-#include <immintrin.h>
+#include "ggml_unpack_avx2.h"
 
 namespace rmoe {
 namespace ggml {
@@ -56,7 +59,69 @@ void rows(const float* w, size_t ldw, const float* x, size_t ldx, size_t nt, siz
   }
 }
 
+// Weight rows are streamed once: fetch this far ahead of the block being unpacked.
+constexpr int PREFETCH = 1024;
+
+template <int T>
+struct Dot {
+  __m256 acc[T];
+  const float* x;  // activations at the current block
+  size_t ldx;
+  RMOE_INLINE void put(int off, __m256 v) {
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + t * ldx + off), acc[t]);
+  }
+};
+
+// R rows (interleaved block by block: R*T independent FMA chains) x T activations.
+template <class U, int R, int T>
+void fused(const uint8_t* w, size_t rb, size_t nb, const float* x, size_t ldx, float* y, size_t ldy) {
+  Dot<T> d[R];
+  for (int r = 0; r < R; ++r) {
+    d[r].ldx = ldx;
+    for (int t = 0; t < T; ++t) d[r].acc[t] = _mm256_setzero_ps();
+  }
+  for (size_t i = 0; i < nb; ++i)
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * rb + i * U::bytes;
+      for (int p = 0; p < U::bytes; p += 64)  // every cache line of the block
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + PREFETCH + p, _MM_HINT_T0);
+      d[r].x = x + i * U::block;
+      U::unpack(blk, d[r]);
+    }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(d[r].acc[t]);
+}
+
+template <class U, int T>
+void fused_rows(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t ldx, float* y, size_t ldy) {
+  const size_t nb = k / U::block;
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) fused<U, 4, T>(w + r * rb, rb, nb, x, ldx, y + r, ldy);
+  for (; r < nr; ++r) fused<U, 1, T>(w + r * rb, rb, nb, x, ldx, y + r, ldy);
+}
+
+template <class U>
+bool fused_type(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t ldx, size_t nt, float* y,
+                size_t ldy) {
+  if (k % U::block) return false;
+  size_t t = 0;
+  for (; t + 2 <= nt; t += 2) fused_rows<U, 2>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
+  if (t < nt) fused_rows<U, 1>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
+  return true;
+}
+
 }  // namespace
+
+bool gemv_fused_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t nt,
+                     float* y, size_t ldy) {
+  using namespace avx2;
+  switch (type) {
+#define RMOE_CASE(T, U) case T: return fused_type<U>(w, rb, k, nr, x, k, nt, y, ldy);
+    RMOE_GGML_FOR_TYPES(RMOE_CASE)
+#undef RMOE_CASE
+    default: return false;
+  }
+}
 
 void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
                     size_t k, float* y, size_t ldy) {
@@ -76,6 +141,9 @@ void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_
 #else
 namespace rmoe {
 namespace ggml {
+bool gemv_fused_avx2(int, const uint8_t*, size_t, size_t, size_t, const float*, size_t, float*, size_t) {
+  return false;
+}
 void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
                     size_t k, float* y, size_t ldy) {
   gemm_tile_scalar(w, ldw, nr, x, ldx, nt, k, y, ldy);
@@ -84,10 +152,3 @@ void gemm_tile_avx2(const float* w, size_t ldw, size_t nr, const float* x, size_
 }  // namespace rmoe
 #endif
 
-namespace rmoe {
-namespace ggml {
-bool gemv_fused_avx2(int, const uint8_t*, size_t, size_t, size_t, const float*, size_t, float*, size_t) {
-  return false;  // not written yet: the tile path serves AVX2
-}
-}  // namespace ggml
-}  // namespace rmoe

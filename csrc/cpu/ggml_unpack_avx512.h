@@ -9,7 +9,9 @@
 
 #include "ggml_blocks.h"
 
+#ifndef RMOE_INLINE
 #define RMOE_INLINE inline __attribute__((always_inline))
+#endif
 
 namespace rmoe {
 namespace ggml {
