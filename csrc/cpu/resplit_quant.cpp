@@ -33,7 +33,13 @@ constexpr float kWrDiv = 8.0f;
 constexpr int kWrWindow = 4;
 constexpr int kD4Steps = 20;
 
-inline float rnd(float x) { return std::nearbyint(x); }  // round-half-even, as np.rint
+// Round-half-even as np.rint, without a libm call: exact for |x| < 2^22; larger
+// values stay large with their sign, and every caller clamps to a few levels.
+// (Without -ffast-math the compiler may not fold (x + c) - c.)
+inline float rnd(float x) {
+  constexpr float c = 12582912.0f;  // 1.5 * 2^23
+  return (x + c) - c;
+}
 inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, -65504.f, 65504.f))); }
 
@@ -58,8 +64,12 @@ float wq_alone_scale(const float* x) {
   return best_d;
 }
 
+// Divisions are written as products with a reciprocal (also in the oracle): the
+// joint search evaluates ~250 candidates per weight.
 void tern(const float* x, float dq, float* t) {
-  for (int j = 0; j < 32; ++j) t[j] = dq > 0.f ? clampf(rnd(x[j] / dq), -1.f, 1.f) : 0.f;
+  if (!(dq > 0.f)) { for (int j = 0; j < 32; ++j) t[j] = 0.f; return; }
+  const float inv = 1.0f / dq;
+  for (int j = 0; j < 32; ++j) t[j] = clampf(rnd(x[j] * inv), -1.f, 1.f);
 }
 
 void pack_wq(const float* t, uint32_t code, uint8_t* out) {
@@ -77,11 +87,17 @@ void pack_wq(const float* t, uint32_t code, uint8_t* out) {
 // Squared error of 16 residuals quantized to 5 levels of step dr.
 float wr_err16(const float* e, float dr) {
   float acc = 0.f;
-  for (int j = 0; j < 16; ++j) {
-    const float r = dr > 0.f ? clampf(rnd(e[j] / dr), -2.f, 2.f) : 0.f;
-    const float diff = e[j] - dr * r;
-    acc = acc + diff * diff;
+  if (!(dr > 0.f)) {
+    for (int j = 0; j < 16; ++j) acc = acc + e[j] * e[j];
+    return acc;
   }
+  const float inv = 1.0f / dr;
+  float d[16];
+  for (int j = 0; j < 16; ++j) {
+    const float diff = e[j] - dr * clampf(rnd(e[j] * inv), -2.f, 2.f);
+    d[j] = diff * diff;
+  }
+  for (int j = 0; j < 16; ++j) acc = acc + d[j];
   return acc;
 }
 
@@ -160,7 +176,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       for (int j = 0; j < 32; ++j) {
         const float ej = x[j] - dq * t[j];
         const float dr = D * kWrTable[best_k[j / 16]];
-        r[32 * half + j] = dr > 0.f ? clampf(rnd(ej / dr), -2.f, 2.f) : 0.f;
+        r[32 * half + j] = dr > 0.f ? clampf(rnd(ej * (1.0f / dr)), -2.f, 2.f) : 0.f;
       }
       kk[2 * half] = best_k[0];
       kk[2 * half + 1] = best_k[1];

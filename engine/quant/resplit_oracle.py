@@ -109,8 +109,9 @@ def bits_per_weight(fmt: str, n: int) -> float:
 # ---------------------------------------------------------------- WQ
 def _tern_codes(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     """t in {-1,0,1} = clip(rint(x/d)); d == 0 gives 0.  x [B,32], d [B]."""
+    # products with a reciprocal, not divisions (the C++ search is division-free)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.clip(np.rint(x / d[:, None]), -1, 1)
+        t = np.clip(np.rint(x * (_F32(1) / d)[:, None]), -1, 1)
     return np.where(d[:, None] > 0, t, 0).astype(np.float32)
 
 
@@ -143,7 +144,7 @@ def _wr_search(e: np.ndarray, D: np.ndarray, dq: np.ndarray):
         for s in range(2):
             es = e[:, 16 * s:16 * s + 16]
             with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.clip(np.rint(es / dr[:, None]), -2, 2)
+                r = np.clip(np.rint(es * (_F32(1) / dr)[:, None]), -2, 2)
             r = np.where(dr[:, None] > 0, r, 0).astype(np.float32)
             diff = es - dr[:, None] * r
             err = _seqsum(diff * diff)
@@ -245,7 +246,7 @@ def quantize_wq_wr(w: np.ndarray):
     dr = (Db[:, None] * WR_TABLE[best_k]).astype(np.float32)  # [B,2]
     drw = np.repeat(dr, 16, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.clip(np.rint(e / drw), -2, 2)
+        r = np.clip(np.rint(e * (_F32(1) / drw)), -2, 2)
     r = np.where(drw > 0, r, 0)
     nbq = -(-n // WQ_BLOCK)  # WR pads to 64; WQ keeps only its own 32-blocks
     wq = _pack_wq(t, best_code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))

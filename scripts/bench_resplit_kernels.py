@@ -1,0 +1,85 @@
+"""Timing harness of the resplit kernels: validates against the oracle, then times.
+
+Decode GEMV over a layer's worth of experts (default 8 experts x gate/up/down
+of 2048 x 768, larger than the caches), GB/s of weight bytes per format and
+ISA path (each path in its own process: the path is fixed at first use), and
+quantizer throughput. Usage: python scripts/bench_resplit_kernels.py [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+from rapidmoe.engine import kernels
+from rapidmoe.engine.quant import resplit_oracle as o
+threads, E, H, F, reps = (int(a) for a in sys.argv[1:6])
+kernels.set_num_threads(threads)
+rng = np.random.default_rng(0)
+res = {"isa": kernels.isa_info()["active"], "threads": kernels.num_threads()}
+# 32 experts stored; 8 selected ids spread out so weights come from DRAM.
+W = (rng.standard_normal((4, F, H)) * 0.02).astype(np.float32)
+base_q, base_r = kernels.resplit_quantize_wq_wr(W)
+base_d4 = kernels.resplit_quantize("d4", (rng.standard_normal((4, H, F)) * 0.02).astype(np.float32))
+mats = {"wq": (np.tile(base_q, (8, 1, 1)), H), "wr": (np.tile(base_r, (8, 1, 1)), H), "d4": (np.tile(base_d4, (8, 1, 1)), F)}
+ids = np.arange(0, 32, 4, dtype=np.int32)[:E]
+for fmt, (q, n) in mats.items():
+    x = rng.standard_normal((E, n)).astype(np.float32)
+    y = kernels.resplit_expert_matmul(fmt, q, n, ids, x)
+    ref = np.stack([o.dequantize(fmt, q[e], n).astype(np.float64) @ x[s] for s, e in enumerate(ids)])
+    assert np.allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()), fmt
+    nbytes = sum(q[e].nbytes for e in ids)
+    # 3 matrices per expert of the same shape class: run the call 3 times per "layer"
+    best = 1e9
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(3):
+            kernels.resplit_expert_matmul(fmt, q, n, ids, x)
+        best = min(best, (time.perf_counter() - t) / 3)
+    res[fmt] = nbytes / best / 1e9
+# quantizer throughput (weights/s), one thread per core used
+Wq = (rng.standard_normal((256, 2048)) * 0.02).astype(np.float32)
+for name, fn in (("wq+wr", lambda: kernels.resplit_quantize_wq_wr(Wq)), ("wq", lambda: kernels.resplit_quantize("wq", Wq)),
+                 ("d4", lambda: kernels.resplit_quantize("d4", Wq))):
+    fn(); t = time.perf_counter(); fn(); dt = time.perf_counter() - t
+    res["quant_" + name] = Wq.size / dt / threads / 1e6
+print(json.dumps(res))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=768)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    print(f"decode GEMV, {a.experts} experts x (ffn {a.ffn} x hidden {a.hidden}), {a.threads} threads; "
+          "GB/s of weight bytes read; quantizers in M weights/s per thread")
+    print(f"{'isa':>8} {'WQ GB/s':>9} {'WR GB/s':>9} {'D4 GB/s':>9} {'q WQ+WR':>9} {'q WQ':>9} {'q D4':>9}")
+    for isa in ("scalar", "avx2", "avx512"):
+        env = dict(os.environ, RAPIDMOE_ISA=isa)
+        r = subprocess.run([sys.executable, "-c", CHILD, str(a.threads), str(a.experts), str(a.hidden), str(a.ffn),
+                            str(a.reps)], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{isa:>8} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+            continue
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+        if d["isa"] != isa:
+            print(f"{isa:>8} not available on this CPU (runs {d['isa']})")
+            continue
+        print(f"{isa:>8} {d['wq']:9.2f} {d['wr']:9.2f} {d['d4']:9.2f} {d['quant_wq+wr']:9.1f} {d['quant_wq']:9.1f} "
+              f"{d['quant_d4']:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
