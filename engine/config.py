@@ -89,18 +89,25 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     tokens = meta.get("tokenizer.ggml.tokens")
     n_vocab = key("vocab_size", len(tokens) if tokens is not None else 0)
     scale = key("rope.scaling.factor", 0.0, float) or key("rope.scale_linear", 0.0, float)
+    if meta.get(f"{arch}.rope.scaling.type") == "none":  # llama.cpp never scales then
+        scale = 0.0
     # (olmoe and llama size experts by feed_forward_length, as llama.cpp does.)
     # llama.cpp fixes gating and top-k renormalisation per architecture; only
     # deepseek2 files carry them as keys.
     gating = GATING_SOFTMAX
     norm_topk = arch in ("qwen3moe", "llama")
     extra: dict[str, Any] = {}
+    n_layer = key("block_count")
+    n_ff_shexp = key("expert_shared_feed_forward_length", 0)
     if arch == "deepseek2":
         gating = key("expert_gating_func", GATING_SOFTMAX)
         norm_topk = key("expert_weights_norm", False, bool)
+        extra = _deepseek2_extra(key, head_dim, n_embd // n_head)
+        n_layer -= extra["n_layer_nextn"]  # next-token-prediction blocks sit after the trunk
+        n_ff_shexp = key("expert_feed_forward_length", 0) * key("expert_shared_count", 0)
     cfg = ModelConfig(
         arch=arch,
-        n_layer=key("block_count"),
+        n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=key("attention.head_count_kv", n_head),
@@ -117,7 +124,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
         n_expert_used=key("expert_used_count", 0),
         n_ff=n_ff,
         n_ff_exp=key("expert_feed_forward_length", n_ff if arch in ("llama", "olmoe") else 0),
-        n_ff_shexp=key("expert_shared_feed_forward_length", 0),
+        n_ff_shexp=n_ff_shexp,
         n_expert_shared=key("expert_shared_count", 0),
         n_layer_dense_lead=key("leading_dense_block_count", 0),
         gating=gating,
@@ -130,6 +137,29 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     )
     _validate(cfg, path)
     return cfg
+
+
+def _deepseek2_extra(key, head_dim: int, head_dim_default: int) -> dict[str, Any]:
+    """MLA and YaRN hyperparameters of deepseek2 files, as llama.cpp reads them.
+    MLA files (split attn_k_b/attn_v_b) carry key_length_mla/value_length_mla
+    and a one-head key_length of kv_lora_rank + rope dims; legacy attn_kv_b files
+    carry the per-head sizes in key_length/value_length."""
+    mla = key("attention.key_length_mla", 0) > 0 and key("attention.value_length_mla", 0) > 0
+    log_mul = key("rope.scaling.yarn_log_multiplier", 0.0, float)
+    return {
+        "q_lora_rank": key("attention.q_lora_rank", 0),  # 0: a plain attn_q (V2-Lite)
+        "kv_lora_rank": key("attention.kv_lora_rank"),
+        "mla": mla,
+        "head_dim_k_mla": key("attention.key_length_mla") if mla else head_dim,
+        "head_dim_v_mla": key("attention.value_length_mla") if mla else key("attention.value_length",
+                                                                              head_dim_default),
+        "n_layer_nextn": key("nextn_predict_layers", 0),
+        "rope_scaling": key("rope.scaling.type", "linear", str),
+        "yarn_orig_ctx": key("rope.scaling.original_context_length", 0),
+        # converters write 0.1 * mscale_all_dim; llama.cpp divides the 0.1 back out
+        "yarn_log_mul": float(np.float32(log_mul) / np.float32(0.1)) if log_mul else 0.0,
+        "rope_attn_factor": key("rope.scaling.attn_factor", 1.0, float),
+    }
 
 
 def _validate(c: ModelConfig, path: str) -> None:
@@ -155,3 +185,11 @@ def _validate(c: ModelConfig, path: str) -> None:
             bad("inconsistent expert_group_count / expert_group_used_count")
     elif c.arch != "llama":
         bad("expert_count missing: not a Mixture-of-Experts model")
+    if c.arch == "deepseek2":
+        hk, kv = c.get("head_dim_k_mla"), c.get("kv_lora_rank")
+        if not 0 < c.rope_dim < hk or kv <= 0 or c.get("head_dim_v_mla") <= 0:
+            bad(f"bad MLA sizes: key length {hk}, rope dims {c.rope_dim}, kv_lora_rank {kv}")
+        if c.n_layer <= 0 or c.n_layer_dense_lead > c.n_layer:
+            bad("bad nextn_predict_layers / leading_dense_block_count")
+        if c.get("rope_scaling") not in ("none", "linear", "yarn"):
+            bad(f"unsupported rope.scaling.type {c.get('rope_scaling')!r}")

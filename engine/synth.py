@@ -19,9 +19,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf import quants
 
+from . import synth_arch, synth_deepseek2
 from .rng import Stream
-from .synth_arch import (BENCH, FIXTURES, PRESETS, SynthShape, TensorSpec, hparam_kvs,
-                         resolve_shape, tensor_plan)
+from .synth_arch import BENCH, FIXTURES, PRESETS, SynthShape, TensorSpec
 from .synth_tok import tokenizer_kvs, vocab_size
 
 __all__ = ["write_synthetic", "plan_synthetic", "FIXTURES", "BENCH", "PRESETS", "DTYPES",
@@ -74,20 +74,22 @@ def plan_synthetic(arch: str, *, dtype: str | None = None, expert_dtype: str | N
     if dtype is not None:
         shape_overrides["dtype"] = dtype
     tok = tokenizer_kvs(tokenizer)
-    shape = resolve_shape(arch, n_vocab=vocab_size(tok), **shape_overrides)
+    layout = synth_deepseek2 if arch in synth_deepseek2.PRESETS else synth_arch
+    shape = layout.resolve_shape(arch, n_vocab=vocab_size(tok), **shape_overrides)
     dense_q = _qtype(shape.dtype)
     expert_q = _qtype(expert_dtype or shape.dtype)
     tensors = []
-    for spec in tensor_plan(shape):
+    for spec in layout.tensor_plan(shape):
         q = GGMLQuantizationType.F32 if spec.role in _ALWAYS_F32 else \
             expert_q if spec.role == "expert" else dense_q
         block = GGML_QUANT_SIZES[q][0]
         if spec.ne[0] % block:
             raise ValueError(f"{spec.name}: rows of {spec.ne[0]} do not fit {q.name} blocks of {block}")
         tensors.append((spec, q))
-    U32, F32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    vt = {"u32": GGUFValueType.UINT32, "f32": GGUFValueType.FLOAT32, "bool": GGUFValueType.BOOL,
+          "str": GGUFValueType.STRING}
     kvs: list = [("general.name", name or f"rapidmoe synthetic {arch}", GGUFValueType.STRING, None)]
-    kvs += [(k, v, U32 if t == "u32" else F32, None) for k, v, t in hparam_kvs(shape)]
+    kvs += [(k, v, vt[t], None) for k, v, t in layout.hparam_kvs(shape)]
     kvs += list(tok)
     return SynthPlan(shape, tensors, kvs)
 
@@ -121,6 +123,10 @@ def _encode(x: np.ndarray, q: GGMLQuantizationType) -> np.ndarray:
 
 def _chunks(spec: TensorSpec, q: GGMLQuantizationType, s: SynthShape, seed: int) -> Iterator[np.ndarray]:
     row = spec.ne[0]
+    if isinstance(spec, synth_deepseek2.DerivedSpec):  # made from other tensors' values (small)
+        parts = [_values(src, s, seed, 0, src.n_elements) for src in spec.sources]
+        yield _encode(spec.combine(*parts).reshape(-1, row), q)
+        return
     rows_per = max(1, _CHUNK // row)
     n_rows = spec.n_elements // row
     for r0 in range(0, n_rows, rows_per):
@@ -134,9 +140,10 @@ def write_synthetic(path: str | os.PathLike, arch: str, *, seed: int, dtype: str
                     name: str | None = None, **shape_overrides) -> Path:
     """Write a synthetic MoE GGUF and return its path. The same arguments give the
     same bytes. ``arch`` is a preset: qwen3moe, qwen2moe, llama_moe (alias llama),
-    olmoe or bench. ``dtype`` (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1) is used
-    by the matrices, ``expert_dtype`` (default: dtype) by the stacked experts;
-    norms, biases and routers stay F32. ``shape_overrides`` are SynthShape fields.
+    olmoe, bench, or a deepseek2 one (synth_deepseek2.PRESETS). ``dtype`` (f32,
+    f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1) is used by the matrices,
+    ``expert_dtype`` (default: dtype) by the stacked experts; norms, biases and
+    routers stay F32. ``shape_overrides`` are SynthShape fields.
     """
     plan = plan_synthetic(arch, dtype=dtype, expert_dtype=expert_dtype, tokenizer=tokenizer,
                           name=name, **shape_overrides)

@@ -1,0 +1,99 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) in the absorbed form, as
+llama.cpp's MLA path computes it.
+
+Per token and layer the cache keeps only the normalised latent c (kv_lora_rank)
+and the roped shared key k_pe (rope dims). A head's query is split into q_nope
+and q_pe; q_nope is absorbed through attn_k_b into the latent space, so every
+head attends over the same cached rows [c, k_pe] (one-group MQA):
+
+    score_h(t, s) = (k_b_h q_nope_h(t)) . c(s) + q_pe_h(t) . k_pe(s)
+    out_h(t)      = v_b_h (sum_s softmax(score_h)(t, s) c(s))
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import ModelConfig
+from ..weights import Weights
+from .common import Rope, linear, rms_norm
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """KV cache bytes per token of context over all layers: the latent plus the
+    rope key, as llama.cpp's MLA cache stores them (f16: dtype_bytes = 2)."""
+    return cfg.n_layer * (cfg.get("kv_lora_rank") + cfg.rope_dim) * dtype_bytes
+
+
+class MLACache:
+    """Per layer: rows [n_ctx, kv_lora_rank + rope] = [latent c | roped k_pe]."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.kv = [torch.zeros(n_ctx, cfg.get("kv_lora_rank") + cfg.rope_dim) for _ in range(cfg.n_layer)]
+
+    def bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.kv)
+
+
+def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
+    """llama.cpp pre-scales the attention by YaRN's mscale squared, with the
+    log multiplier (mscale_all_dim) applied: mscale^2 / sqrt(key length)."""
+    ln = math.log(1.0 / cfg.rope_freq_scale)
+    mscale = attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * cfg.get("yarn_log_mul") * ln)
+    return mscale * mscale / math.sqrt(cfg.get("head_dim_k_mla"))
+
+
+class MLAttention:
+    def __init__(self, cfg: ModelConfig, W: Weights, il: int, rope: Rope, scale: float):
+        H, nh = cfg.n_embd, cfg.n_head
+        kv, rd, hk, hv = cfg.get("kv_lora_rank"), cfg.rope_dim, cfg.get("head_dim_k_mla"), cfg.get("head_dim_v_mla")
+        self.nope = hk - rd
+        p = f"blk.{il}."
+        self.cfg, self.rope, self.scale, self.il = cfg, rope, scale, il
+        q_lora = cfg.get("q_lora_rank")
+        if q_lora:
+            self.wq_a = W.mat(p + "attn_q_a.weight", H, q_lora)
+            self.q_a_norm = W.get(p + "attn_q_a_norm.weight", q_lora)
+            self.wq_b = W.mat(p + "attn_q_b.weight", q_lora, nh * hk)
+        else:
+            self.wq = W.mat(p + "attn_q.weight", H, nh * hk)
+        self.wkv_a = W.mat(p + "attn_kv_a_mqa.weight", H, kv + rd)
+        self.kv_a_norm = W.get(p + "attn_kv_a_norm.weight", kv)
+        if cfg.get("mla"):
+            self.k_b = W.get(p + "attn_k_b.weight", self.nope, kv, nh)  # [nh, kv, nope]
+            self.v_b = W.get(p + "attn_v_b.weight", kv, hv, nh)  # [nh, hv, kv]
+        else:  # legacy files: one attn_kv_b holding, per head, the k_nope rows then the v rows
+            kvb = W.get(p + "attn_kv_b.weight", kv, nh * (self.nope + hv)).view(nh, self.nope + hv, kv)
+            self.k_b = kvb[:, :self.nope].transpose(1, 2).contiguous()  # [nh, kv, nope]
+            self.v_b = kvb[:, self.nope:].contiguous()  # [nh, hv, kv]
+        self.wo = W.mat(p + "attn_output.weight", nh * hv, H)
+
+    def __call__(self, x: torch.Tensor, pos0: int, cache: MLACache) -> torch.Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        nh, kv = cfg.n_head, self.k_b.shape[1]
+        if hasattr(self, "wq"):
+            q = linear(x, self.wq)
+        else:
+            q = linear(rms_norm(linear(x, self.wq_a), self.q_a_norm, cfg.rms_eps), self.wq_b)
+        q = q.view(T, nh, -1)  # [T, nh, nope + rope]
+        q_pe = self.rope(q[..., self.nope:], pos0)  # [T, nh, rope]
+        q_lat = torch.einsum("thj,hcj->thc", q[..., :self.nope], self.k_b)  # [T, nh, kv]
+
+        ckv = linear(x, self.wkv_a)  # [T, kv + rope]
+        k_pe = self.rope(ckv[:, None, kv:], pos0)[:, 0]  # [T, rope]
+        rows = cache.kv[self.il]
+        rows[pos0:pos0 + T, :kv] = rms_norm(ckv[:, :kv], self.kv_a_norm, cfg.rms_eps)
+        rows[pos0:pos0 + T, kv:] = k_pe
+        S = pos0 + T
+        keys = rows[:S]  # [S, kv + rope]
+
+        qcat = torch.cat([q_lat, q_pe], dim=-1).reshape(T * nh, -1)  # [T*nh, kv + rope]
+        scores = (qcat @ keys.T).view(T, nh, S) * self.scale  # [T, nh, S]
+        if T > 1:
+            causal = torch.arange(S)[None, :] <= torch.arange(pos0, S)[:, None]  # [T, S]
+            scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
+        o_lat = torch.softmax(scores, dim=-1) @ keys[:, :kv]  # [T, nh, kv]
+        o = torch.einsum("thc,hjc->thj", o_lat, self.v_b)  # [T, nh, hv]
+        return linear(o.reshape(T, -1), self.wo)
