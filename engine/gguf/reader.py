@@ -120,8 +120,8 @@ class _Cursor:
         raise ModelFileError(self.path, f"unknown value type {vtype} for key {key}")
 
 
-def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int]:
-    """-> (metadata, [(name, type, ne, rel_offset)], data_start)."""
+def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, dict]:
+    """-> (metadata, [(name, type, ne, rel_offset)], data_start, {key: (start, end) of its bytes})."""
     c = _Cursor(buf, path, size)
     c.need(4, "magic")
     if bytes(buf[0:4]) != MAGIC:
@@ -138,10 +138,13 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int]:
     if n_tensors > (size - c.pos) // 24:
         raise ModelFileError(path, f"absurd tensor count {n_tensors}")
     meta: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int]] = {}
     for _ in range(n_kv):
+        start = c.pos
         key = c.string("a metadata key")
         vtype = c.u32(key)
         meta[key] = c.value(vtype, key)
+        spans[key] = (start, c.pos)
     infos = []
     for i in range(n_tensors):
         name = c.string(f"tensor info #{i}")
@@ -156,7 +159,7 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int]:
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ModelFileError(path, f"bad general.alignment {align!r}")
     data_start = (c.pos + align - 1) // align * align
-    return meta, infos, data_start
+    return meta, infos, data_start, spans
 
 
 def _tensor_nbytes(path: str, name: str, ttype: int, ne: tuple[int, ...]) -> int:
@@ -199,7 +202,7 @@ class _Part:
             raise ModelFileError(path, "truncated file (too short for a GGUF header)")
         with open(path, "rb") as f:
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.meta, self.infos, self.data_start = _parse_header(str(path), self.mm, self.size)
+        self.meta, self.infos, self.data_start, self.kv_spans = _parse_header(str(path), self.mm, self.size)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -234,6 +237,12 @@ class GGUFFile:
                 if name in self.tensors:
                     raise ModelFileError(part.path, f"duplicate tensor {name}")
                 self.tensors[name] = TensorInfo(name, ttype, ne, start, nbytes, idx)
+
+    def raw_kv(self, key: str) -> bytes:
+        """One key/value exactly as encoded in the (first part's) header."""
+        part = self._parts[0]
+        a, b = part.kv_spans[key]
+        return bytes(part.mm[a:b])
 
     @property
     def parts(self) -> list[Path]:
