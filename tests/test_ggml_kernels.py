@@ -29,6 +29,7 @@ F16_FIELDS = {G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q8_0: 
 ISAS = ["scalar", "avx2", "avx512"]
 K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a partial one
 K_FLOAT = 97     # float types take any k: exercises the masked tails
+K_FLOAT16 = 160  # ... and whole vectors of 16: the fused GEMV (T <= 4)
 ROWS = 37        # odd, not a multiple of the 16-row blocks
 T_VALUES = [1, 3, 7, 20]
 
@@ -71,6 +72,8 @@ for name, qtype in meta["types"].items():
     out["deq_" + name] = kernels.ggml_dequantize(w, qtype, w.shape[0] * meta["k"][name])
     for T in meta["T"]:
         out[f"mm_{name}_{T}"] = kernels.ggml_matmul(w, qtype, d[f"x_{name}_{T}"])
+    if "w16_" + name in d:
+        out["mm16_" + name] = kernels.ggml_matmul(d["w16_" + name], qtype, d["x16_" + name])
     if name in meta["experts"]:
         out["ex_" + name] = kernels.ggml_expert_matmul(d["we_" + name], qtype, d["ids"], d["xe_" + name])
 out["f16_all"] = kernels.ggml_dequantize(d["all16"], 1, 65536)
@@ -93,6 +96,9 @@ def cases(tmp_path_factory):
         arrays["w_" + qtype.name] = random_tensor(rng, qtype, ROWS, k)
         for T in T_VALUES:
             arrays[f"x_{qtype.name}_{T}"] = rng.standard_normal((T, k)).astype(np.float32)
+        if qtype in (G.F32, G.F16, G.BF16):
+            arrays["w16_" + qtype.name] = random_tensor(rng, qtype, ROWS, K_FLOAT16)
+            arrays["x16_" + qtype.name] = rng.standard_normal((3, K_FLOAT16)).astype(np.float32)
         if qtype in EXPERT_TYPES:
             arrays["we_" + qtype.name] = np.stack([random_tensor(rng, qtype, E_ROWS, k) for _ in range(E)])
             arrays["xe_" + qtype.name] = rng.standard_normal((N_TOK, k)).astype(np.float32)
@@ -136,6 +142,8 @@ def test_isa_path_matches_numpy(isa, cases, tmp_path):
         assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), f"{name} dequantize differs"
         for T in T_VALUES:
             assert_matmul_close(res[f"mm_{name}_{T}"], wf, arrays[f"x_{name}_{T}"])
+        if "w16_" + name in arrays:
+            assert_matmul_close(res["mm16_" + name], oracle(arrays["w16_" + name], qtype), arrays["x16_" + name])
         if qtype in EXPERT_TYPES:
             we, xe, ids = arrays["we_" + name], arrays["xe_" + name], arrays["ids"]
             y = res["ex_" + name]
