@@ -22,6 +22,7 @@ class Model:
     n_ctx: int
     tokenizer: Any = None
     file_bytes: int = 0
+    critical: int | None = None  # None: full precision; r: residual split with r critical experts
 
 
 def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_progress=None) -> Path:
@@ -45,18 +46,30 @@ def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_p
 
 
 def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None,
-               download_progress=None) -> Model:
-    """progress(step: str, done: int, total: int) is called during loading;
-    download_progress(DownloadProgress) while a Hub model is pulled."""
+               download_progress=None, critical: int | None = None, log=None) -> Model:
+    """critical: None runs the source weights (full precision); an integer r runs
+    the residual-split pack (converted on first use) with r critical experts per
+    token. progress(step: str, done: int, total: int) is called during
+    conversion and loading; download_progress(DownloadProgress) while a Hub
+    model is pulled; log(str) gets one-off notes."""
     path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
     gguf = GGUFFile(path)
     cfg = config_from_metadata(gguf.metadata, str(path))
+    policy = None
+    if critical is not None:
+        policy = _split_policy(cfg, critical, log)
+        if policy is not None:
+            from .pack import convert, source_identity, verify_pack
+
+            pack = convert(path, progress=progress, log=log)
+            gguf.close()
+            gguf = verify_pack(pack, source_identity(path))
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     if ctx <= 0:
         raise UserError(f"bad context size {ctx}")
     if ctx > cfg.n_ctx_train:
         raise UserError(f"context {ctx} exceeds the model's trained context {cfg.n_ctx_train}")
-    W = Weights(gguf)
+    W = Weights(gguf, split_policy=policy)
 
     def layer_progress(done, total):
         if progress:
@@ -69,4 +82,20 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     if tok.n_vocab != cfg.n_vocab:
         raise ModelFileError(path, f"tokenizer has {tok.n_vocab} tokens, model {cfg.n_vocab}")
     return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
-                 file_bytes=gguf.size_bytes)
+                 file_bytes=gguf.size_bytes, critical=critical if policy is not None else None)
+
+
+def _split_policy(cfg: ModelConfig, critical: int, log):
+    from .moe.resplit import FixedCritical
+
+    if not cfg.n_expert:
+        if log:
+            log("this model has no routed experts: running it in full precision")
+        return None
+    if critical < 0:
+        raise UserError("--critical must be >= 0")
+    if critical > cfg.n_expert_used:
+        if log:
+            log(f"--critical {critical} is more than the {cfg.n_expert_used} routed experts per token: using {cfg.n_expert_used}")
+        critical = cfg.n_expert_used
+    return FixedCritical(critical)

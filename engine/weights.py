@@ -52,10 +52,19 @@ class QWeight:
 class Weights:
     """Access to a model's tensors by name with llama.cpp's expected shapes."""
 
-    def __init__(self, gguf: GGUFFile):
+    def __init__(self, gguf: GGUFFile, split_policy=None):
         self.gguf = gguf
         self.path = str(gguf.path)
         self.used: set[str] = set()
+        self.split_policy = split_policy  # set when gguf is a residual-split pack
+
+    def pack_part(self, name: str, n_expert: int, rows: int) -> np.ndarray:
+        """A pack's byte tensor as a zero-copy uint8 view [E, rows, row_bytes]."""
+        t = self.gguf.tensors.get(name)
+        if t is None or t.ne[1:] != (rows, n_expert):
+            raise ModelFileError(self.path, f"pack tensor {name} missing or mis-shaped")
+        self.used.add(name)
+        return self.gguf.raw(name).reshape(n_expert, rows, -1)
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors

@@ -1,0 +1,43 @@
+"""The residual-split switch layer (DESIGN.md §2): per token, the first r routed
+experts (by router weight) are critical — gate/up = x·WQ + x·WR, silu·mul, down
+from the D4 copy — the other k − r run WQ for gate, up and down. One kernel
+call per layer (csrc/cpu/resplit_*)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import kernels
+
+
+class FixedCritical:
+    """r critical experts for every token (clamped to k)."""
+
+    def __init__(self, r: int):
+        self.r = r
+
+    def __call__(self, w: torch.Tensor, layer: int, prefill: bool) -> np.ndarray:
+        # w [T, k] sorted by selection score -> r per token [T]
+        return np.full(w.shape[0], min(self.r, w.shape[1]), dtype=np.int32)
+
+
+class ResplitExperts:
+    """Stacked experts in the pack's formats: *_q [E, rows, rb(wq)], *_r [E, ff, rb(wr)],
+    down4 [E, H, rb(d4)] (uint8 views of the pack)."""
+
+    def __init__(self, layer: int, gate_q, up_q, down_q, gate_r, up_r, down4, policy):
+        self.layer = layer
+        self.gate_q, self.up_q, self.down_q = gate_q, up_q, down_q
+        self.gate_r, self.up_r, self.down4 = gate_r, up_r, down4
+        self.policy = policy
+        self.last_r: np.ndarray | None = None  # [T] critical-set sizes of the last call
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # x [T, H], ids [T, k], w [T, k] (ids sorted by selection score) -> [T, H]
+        order = torch.argsort(w, dim=1, descending=True, stable=True)  # critical = largest weights
+        ids, w = ids.gather(1, order), w.gather(1, order)
+        r = self.policy(w, self.layer, x.shape[0] > 1)
+        self.last_r = r
+        out = kernels.resplit_moe_forward(x.contiguous().numpy(), ids.numpy(), w.contiguous().numpy(), r,
+                                          self.gate_q, self.up_q, self.down_q, self.gate_r, self.up_r, self.down4)
+        return torch.from_numpy(out)
