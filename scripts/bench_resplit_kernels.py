@@ -25,12 +25,12 @@ threads, E, H, F, reps = (int(a) for a in sys.argv[1:6])
 kernels.set_num_threads(threads)
 rng = np.random.default_rng(0)
 res = {"isa": kernels.isa_info()["active"], "threads": kernels.num_threads()}
-# 32 experts stored; 8 selected ids spread out so weights come from DRAM.
+# 128 experts stored (well over the L3), selected ids spread out so weights come from DRAM.
 W = (rng.standard_normal((4, F, H)) * 0.02).astype(np.float32)
 base_q, base_r = kernels.resplit_quantize_wq_wr(W)
 base_d4 = kernels.resplit_quantize("d4", (rng.standard_normal((4, H, F)) * 0.02).astype(np.float32))
-mats = {"wq": (np.tile(base_q, (8, 1, 1)), H), "wr": (np.tile(base_r, (8, 1, 1)), H), "d4": (np.tile(base_d4, (8, 1, 1)), F)}
-ids = np.arange(0, 32, 4, dtype=np.int32)[:E]
+mats = {"wq": (np.tile(base_q, (32, 1, 1)), H), "wr": (np.tile(base_r, (32, 1, 1)), H), "d4": (np.tile(base_d4, (32, 1, 1)), F)}
+ids = np.arange(0, 128, 16, dtype=np.int32)[:E]
 for fmt, (q, n) in mats.items():
     x = rng.standard_normal((E, n)).astype(np.float32)
     y = kernels.resplit_expert_matmul(fmt, q, n, ids, x)
