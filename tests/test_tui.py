@@ -64,7 +64,7 @@ def notes(scr):
 
 
 def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
-    words = " ".join(f"w{i}" for i in range(120))
+    words = " ".join(f"w{i}" + ("\n\n" if i % 10 == 9 else "") for i in range(120))
     backend = ScriptedBackend(replies=[words], token_s=0.002, critical=(2, 4, 1, 8))
 
     async def main():
@@ -88,6 +88,9 @@ def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
             assert views(scr) == [("user", "count for me"), ("assistant", words)]
             body = scr.query(MessageView).last().query_one(".body", Markdown)
             assert body.source == words
+            log = scr.log_view
+            await pilot.pause(0.05)
+            assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y  # followed the reply
             # 120 tokens in ~0.25 s drawn at 25 Hz: a handful of redraws, not one per token
             print(f"\n{len(flushes)} redraws for 120 tokens")
             assert 1 <= len(flushes) <= 30
@@ -145,6 +148,8 @@ def test_input_keys_newlines_large_paste_and_history(tmp_path):
             await pilot.press("enter")
             await wait_for(pilot, lambda: scr.last_final is not None)
             assert backend.calls[-1][-1] == {"role": "user", "content": big}
+            shown = scr.query(MessageView).first().query_one(".body", Markdown).source
+            assert "2960 more lines" in shown and len(shown) < 5000  # drawn by its head, sent whole
             assert scr.prompt.text == ""
             await pilot.press("up")  # prompt history on an empty input
             assert scr.prompt.text == big
@@ -414,5 +419,57 @@ def test_end_to_end_with_the_real_demo_model(tmp_path):
             assert scr.query(MessageView).last().text == f.text
             assert scr.last_prompt_stats.cached_tokens > 0  # the first turn stayed in the KV cache
             assert scr.stop_latencies[-1] < 2.0  # one token's time at most, on a busy machine
+
+    asyncio.run(main())
+
+
+def test_loads_in_a_worker_with_progress_and_takes_the_command_line(tmp_path):
+    import argparse
+
+    from rapidmoe.app import cmd_chat
+    from rapidmoe.app.tui.app import app_from_args
+
+    p = argparse.ArgumentParser()
+    cmd_chat.add_arguments(p)
+    args = p.parse_args(["-m", "x.gguf", "--ctx", "1024", "--temp", "0.1", "--stop", "END",
+                         "--system", "Be kind."])
+    backend = ScriptedBackend(replies=["fine"], load_s=0.5)
+
+    async def main():
+        app = app_from_args(args, backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: scr.query_one("#load-bar").progress >= 1)
+            assert scr.query_one("#loading").display and scr.is_loading
+            assert "loading layers" in str(scr.query_one("#load-what").render())
+            assert scr.prompt.has_focus  # typing is possible while the model loads
+            await wait_for(pilot, lambda: scr.model is not None)
+            assert not scr.query_one("#loading").display
+            assert backend.loaded == ["x.gguf"] and scr.model.n_ctx == 1024
+            assert scr.params().temperature == 0.1 and scr.params().stop == ("END",)
+            await send(pilot, "hello")
+            await wait_for(pilot, lambda: not scr.generating)
+            assert backend.calls[-1][0] == {"role": "system", "content": "Be kind."}
+            assert app.store.get_chat(scr.chat.id).system == "Be kind."
+
+    asyncio.run(main())
+
+
+def test_command_palette_runs_our_commands(tmp_path):
+    backend = ScriptedBackend(replies=["one", "two"])
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            await send(pilot, "hi")
+            await wait_for(pilot, lambda: not scr.generating)
+            await pilot.press("ctrl+p")
+            await pilot.pause(0.1)
+            await pilot.press(*"regenerate")
+            await pilot.pause(0.3)  # the palette searches asynchronously
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not scr.generating and views(scr)[-1] == ("assistant", "two"))
+            assert len(backend.calls) == 2 and app.screen is scr
 
     asyncio.run(main())

@@ -110,20 +110,41 @@ class ChatApp(App):
 
 def run_tui(args) -> int:
     """args: the parsed command line (model, ctx, system, sampling flags; each optional)."""
+    app = app_from_args(args)
+    app.run()
+    return int(app.return_code or 0)
+
+
+def app_from_args(args, backend: Backend | None = None) -> ChatApp:
     overrides = {}
     for attr, field in _ARG_PARAMS.items():
         v = getattr(args, attr, None)
         if v is not None:
             overrides[field] = tuple(v) if isinstance(v, list) else v
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads <= 0:
+            raise UserError("--threads must be > 0")
+        import torch
+
+        from ...engine import kernels
+
+        kernels.set_num_threads(threads)
+        torch.set_num_threads(threads)
+    if getattr(args, "offline", False):
+        import os
+
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    ctx = getattr(args, "ctx", None)
+    if ctx is not None and ctx <= 0:
+        raise UserError("--ctx must be > 0")
     chat_id = getattr(args, "chat", None)
     store = ChatStore()
-    if chat_id is None and (getattr(args, "continue_", False) or getattr(args, "cont", False)):
+    if chat_id is None and (getattr(args, "continue_", False) or getattr(args, "continue", False)):
         last = store.last_chat()
         chat_id = last.id if last else None
     elif chat_id is not None:
         store.get_chat(int(chat_id))  # a bad id: one clear line before the screen opens
-    app = ChatApp(store=store, model=getattr(args, "model", None), n_ctx=getattr(args, "ctx", None),
-                  system=getattr(args, "system", None), overrides=overrides,
-                  chat_id=int(chat_id) if chat_id is not None else None)
-    app.run()
-    return int(app.return_code or 0)
+    return ChatApp(backend=backend, store=store, model=getattr(args, "model", None), n_ctx=ctx,
+                   system=getattr(args, "system", None), overrides=overrides,
+                   chat_id=int(chat_id) if chat_id is not None else None)

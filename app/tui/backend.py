@@ -34,18 +34,6 @@ class Backend(Protocol):
     def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams) -> Any: ...
 
 
-def _load_progress(progress: Progress):
-    """load_model reports (step, done, total); the demo builder (fraction, message)."""
-
-    def cb(*a):
-        if len(a) == 3:
-            progress(str(a[0]), int(a[1]), int(a[2]))
-        elif len(a) == 2:
-            progress(str(a[1]), int(float(a[0]) * 100), 100)
-
-    return cb
-
-
 def _download_progress(progress: Progress):
     def cb(p):
         rate = f" · {p.rate / 2**20:.1f} MiB/s" if p.rate else ""
@@ -55,20 +43,13 @@ def _download_progress(progress: Progress):
     return cb
 
 
-def _is_local(spec: str) -> bool:
-    return spec == "demo" or Path(spec).expanduser().exists() or spec.endswith(".gguf")
-
-
 class EngineBackend:
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
         from ...engine.model import load_model
 
-        path = spec
-        if not _is_local(spec):  # repo[:quant]: pull what the HF cache lacks (resumable)
-            from ...engine import hub
-
-            path = str(hub.pull(spec, progress=_download_progress(progress))[0])
-        m = load_model(path, n_ctx=n_ctx or None, progress=_load_progress(progress))
+        # "demo", a path, or repo[:quant] (pulled, resumably, when the HF cache lacks it)
+        m = load_model(spec, n_ctx=n_ctx or None, progress=progress,
+                       download_progress=_download_progress(progress))
         name = str(m.metadata.get("general.name") or Path(m.path).stem)
         return LoadedModel(spec=spec, name=name, n_ctx=m.n_ctx,
                            defaults=SamplingParams.from_metadata(m.metadata),

@@ -155,7 +155,9 @@ class ChatScreen(ChatActions, Screen):
 
     @on(LoadProgress)
     def _on_load_progress(self, ev: LoadProgress) -> None:
-        self.query_one("#load-what", Static).update(ev.what)
+        label = {"load": f"loading layers {ev.done}/{ev.total}",
+                 "demo": "building the demo model (first run only)"}.get(ev.what, ev.what)
+        self.query_one("#load-what", Static).update(label)
         self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
 
     @on(LoadDone)

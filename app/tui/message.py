@@ -13,6 +13,8 @@ from textual.widgets import Collapsible, Markdown, Static
 
 from .think import code_blocks, split_think
 
+LONG_PROMPT_LINES = 80
+
 
 class MessageView(Vertical, can_focus=True):
     BINDINGS = [
@@ -38,8 +40,13 @@ class MessageView(Vertical, can_focus=True):
         return self._text
 
     def _parts(self) -> tuple[str, str, bool]:
-        if self.role == "user":  # a prompt is shown as written
-            return "", self._text, False
+        if self.role == "user":  # a prompt is shown as written; a huge paste only by its head
+            lines = self._text.split("\n")
+            if len(lines) <= LONG_PROMPT_LINES:
+                return "", self._text, False
+            head = "\n".join(lines[:LONG_PROMPT_LINES // 2])
+            more = len(lines) - LONG_PROMPT_LINES // 2
+            return "", f"{head}\n\n*… {more} more lines ({len(self._text) // 1024} KiB in all; c copies it)*", False
         return split_think(self._text, streaming=self.streaming)
 
     def compose(self) -> ComposeResult:
