@@ -1,10 +1,11 @@
 """`rapidmoe-chat list`: the models on this machine (the demo, GGUFs in the
-Hugging Face cache) and the packs converted from them, with sizes.
+Hugging Face cache) and the RESplit packs converted from them, with sizes.
 
-Packs live in <cache>/packs as GGUF files; a pack records the file it was
-converted from under PACK_SOURCE_KEY. A pack whose source is gone, an unreadable
-pack, and a temp file left by an interrupted convert are stale: `rm --stale`
-removes them.
+Packs are GGUF files in <cache>/packs (engine/pack.py). A pack is stale when it
+cannot be used any more: unreadable, an older pack format, its recorded source
+path gone or changed, or a `.partial` left without its resume record. `rm`
+of a model also removes the packs made from it (their names are keyed by the
+source path). `rm --stale` removes stale packs.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from ..engine.paths import cache_dir
 
-PACK_SOURCE_KEY = "rapidmoe.pack.source"  # absolute path of the source GGUF (first part)
+PACK_SOURCE_KEY = "rapidmoe.pack.source_path"  # absolute path of the source GGUF, when recorded
 
 
 @dataclass
@@ -31,40 +32,82 @@ def packs_dir() -> Path:
     return cache_dir() / "packs"
 
 
-def _pack_source(path: Path) -> str | None:
+def _sources() -> dict[str, str]:
+    """pack file name -> model name, for every model here that has a pack name."""
+    try:
+        from ..engine.pack import pack_path
+    except ImportError:
+        return {}
+    out = {}
+    for m in list_models():
+        if m.kind in ("demo", "hf") and m.size and m.path:
+            try:
+                out[pack_path(Path(m.path)).name] = m.name
+            except Exception:  # an unreadable model: it has no pack of ours either
+                continue
+    return out
+
+
+def _pack_state(p: Path, sources: dict[str, str]) -> tuple[str, bool]:
+    """(note, stale) of a finished pack."""
     from ..engine.gguf.reader import GGUFFile
 
-    meta = GGUFFile(path).metadata
+    try:
+        from ..engine.pack import PACK_VERSION
+    except ImportError:
+        PACK_VERSION = None
+    try:
+        g = GGUFFile(p)
+        meta = dict(g.metadata)
+        getattr(g, "close", lambda: None)()
+    except Exception as e:  # any damage makes it unusable: the loader would refuse it too
+        return f"unreadable ({type(e).__name__})", True
+    version = meta.get("rapidmoe.pack.version")
+    if PACK_VERSION is not None and version != PACK_VERSION:
+        return f"pack format {version}, this version reads {PACK_VERSION}", True
     src = meta.get(PACK_SOURCE_KEY)
-    return str(src) if src else None
+    if src:
+        sp = Path(str(src))
+        if not sp.exists():
+            return f"source gone: {src}", True
+    if p.name in sources:
+        return f"from {sources[p.name]}", False
+    return f"from {meta.get('rapidmoe.pack.source_name', '?')}" + ("" if src else " (a local file?)"), False
 
 
 def list_packs() -> list[Entry]:
     root = packs_dir()
     if not root.is_dir():
         return []
+    sources = _sources()
     out = []
     for p in sorted(root.rglob("*")):
-        if not p.is_file():
+        if not p.is_file() or p.suffix in (".lock", ".done-layers"):
             continue
         size = p.stat().st_size
         name = p.relative_to(root).as_posix()
-        if p.name.startswith(".") or p.suffix in (".tmp", ".part", ".lock"):
-            if p.suffix != ".lock":
-                out.append(Entry("pack", name, size, str(p), "left by an interrupted convert", True))
-            continue
-        try:
-            src = _pack_source(p)
-        except Exception as e:  # any damage makes it unusable: the loader would refuse it too
-            out.append(Entry("pack", name, size, str(p), f"unreadable ({type(e).__name__})", True))
-            continue
-        if src is None:
-            out.append(Entry("pack", name, size, str(p), "source unknown"))
-        elif not Path(src).exists():
-            out.append(Entry("pack", name, size, str(p), f"source gone: {src}", True))
+        if p.suffix == ".partial":
+            resumable = p.with_name(p.name[: -len(".partial")] + ".done-layers").exists()
+            out.append(Entry("pack", name, size, str(p), "interrupted convert" +
+                             (" (resumes on next load)" if resumable else ""), not resumable))
+        elif p.name.startswith(".") or p.suffix == ".tmp":
+            out.append(Entry("pack", name, size, str(p), "temp file", True))
         else:
-            out.append(Entry("pack", name, size, str(p), f"from {src}"))
+            note, stale = _pack_state(p, sources)
+            out.append(Entry("pack", name, size, str(p), note, stale))
     return out
+
+
+def packs_of(model_path: str) -> list[Path]:
+    """The pack files (finished or partial) made from this model file."""
+    try:
+        from ..engine.pack import pack_path
+
+        pp = pack_path(Path(model_path))
+    except Exception:
+        return []
+    return [q for q in (pp, pp.with_name(pp.name + ".partial"), pp.with_name(pp.name + ".done-layers"))
+            if q.exists()]
 
 
 def list_models() -> list[Entry]:

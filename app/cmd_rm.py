@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..engine.errors import UserError
-from .cmd_list import Entry, fmt_size, list_models, list_packs, packs_dir
+from .cmd_list import Entry, fmt_size, list_models, list_packs, packs_dir, packs_of
 
 
 def add_arguments(p) -> None:
@@ -83,10 +83,15 @@ def run(args) -> int:
     if not args.name and not args.stale:
         raise UserError("name a model or pack to remove (see `rapidmoe-chat list`), or use --stale")
     doomed = _match(args.name) if args.name else []
-    print("to remove:" if doomed else "", end="\n" if doomed else "")
-    if doomed and not _confirm(doomed, args.yes):
-        print("nothing removed")
-        return 1
+    # a model's packs go with it (found now: their names derive from the source file)
+    packs = [Entry("pack", q.relative_to(packs_dir()).as_posix(), q.stat().st_size, str(q), f"pack of {e.name}")
+             for e in doomed if e.kind in ("demo", "hf") for q in packs_of(e.path)]
+    doomed = packs + [e for e in doomed if e.path not in {p.path for p in packs}]
+    if doomed:
+        print("to remove:")
+        if not _confirm(doomed, args.yes):
+            print("nothing removed")
+            return 1
     for e in doomed:
         _remove(e)
         print(f"removed {e.name} ({fmt_size(e.size)})")

@@ -13,6 +13,7 @@ from gguf import GGUFWriter
 
 from rapidmoe.app.cli import main
 from rapidmoe.app.cmd_list import PACK_SOURCE_KEY, packs_dir
+from rapidmoe.engine.pack import PACK_VERSION, pack_path
 
 
 @pytest.fixture
@@ -38,12 +39,18 @@ def hf_file(root: Path, repo: str, name: str, data: bytes, commit="c0ffee" * 6 +
     return ptr
 
 
-def pack(path: Path, source: str | None) -> Path:
+def gguf_bytes(tmp: Path, n: int) -> bytes:
+    return pack(tmp / f"src{n}.gguf", None, version=None, n=n).read_bytes()
+
+
+def pack(path: Path, source: str | None, version: int | None = PACK_VERSION, n: int = 64) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     w = GGUFWriter(str(path), "llama")
+    if version is not None:
+        w.add_uint32("rapidmoe.pack.version", version)
     if source is not None:
         w.add_string(PACK_SOURCE_KEY, source)
-    w.add_tensor("wq", np.zeros(64, np.float32))
+    w.add_tensor("wq", np.zeros(n, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -65,40 +72,52 @@ def test_paths_prints_every_location(dirs, capsys):
 
 
 def test_list_and_rm(dirs, capsys):
-    q4 = hf_file(dirs, "org/Tiny-GGUF", "tiny-Q4_K_M.gguf", b"x" * 3000)
-    hf_file(dirs, "org/Tiny-GGUF", "tiny-Q8_0.gguf", b"y" * 5000)
-    good = pack(packs_dir() / "tiny-q4" / "pack.gguf", str(q4))
+    q4 = hf_file(dirs, "org/Tiny-GGUF", "tiny-Q4_K_M.gguf", gguf_bytes(dirs, 700))
+    q8 = hf_file(dirs, "org/Tiny-GGUF", "tiny-Q8_0.gguf", gguf_bytes(dirs, 1200))
+    q4_size, q8_size = q4.stat().st_size, q8.stat().st_size
+    good = pack(pack_path(q4), None)  # where the engine puts q4's pack
+    resumable = pack_path(q8).with_name(pack_path(q8).name + ".partial")
+    resumable.write_bytes(b"\0" * 100)
+    resumable.with_name(pack_path(q8).name + ".done-layers").write_text("{}")
     orphan = pack(packs_dir() / "old.gguf", str(dirs / "deleted.gguf"))
+    pack(packs_dir() / "v0.gguf", None, version=PACK_VERSION + 100)
     (packs_dir() / ".half.gguf.123.tmp").write_bytes(b"partial")
+    (packs_dir() / "lone.rmpack.gguf.partial").write_bytes(b"no resume record")
     (packs_dir() / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 10)
 
     assert main(["list", "--json"]) == 0
     rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert rows["org/Tiny-GGUF:Q4_K_M"]["size"] == 3000 and rows["org/Tiny-GGUF:Q8_0"]["size"] == 5000
+    assert rows["org/Tiny-GGUF:Q4_K_M"]["size"] == q4_size and rows["org/Tiny-GGUF:Q8_0"]["size"] == q8_size
     assert rows["demo"]["kind"] == "demo"
-    assert not rows["tiny-q4/pack.gguf"]["stale"]
-    assert rows["old.gguf"]["stale"] and rows["broken.gguf"]["stale"] and rows[".half.gguf.123.tmp"]["stale"]
+    assert rows[good.name] == {**rows[good.name], "stale": False, "note": "from org/Tiny-GGUF:Q4_K_M"}
+    assert not rows[resumable.name]["stale"] and "resumes" in rows[resumable.name]["note"]
+    stale = {n for n, r in rows.items() if r["stale"]}
+    assert stale == {"old.gguf", "v0.gguf", ".half.gguf.123.tmp", "lone.rmpack.gguf.partial", "broken.gguf"}
+    assert "source gone" in rows["old.gguf"]["note"] and "format" in rows["v0.gguf"]["note"]
     assert main(["list"]) == 0
     text = capsys.readouterr().out
-    assert "org/Tiny-GGUF:Q4_K_M" in text and "2.9 KiB" in text and "3 stale pack(s)" in text
+    assert "org/Tiny-GGUF:Q4_K_M" in text and "5 stale pack(s)" in text
 
     # without --yes and without a terminal nothing is removed
     assert main(["rm", "org/tiny-gguf:q4_k_m"]) == 2
-    assert q4.exists()
+    assert q4.exists() and good.exists()
     capsys.readouterr()
 
-    # removing the quant removes its blob, keeps the other quant, and cleans the packs it made stale
+    # the quant goes with its pack and blob, the other quant stays, stale packs are cleaned
     assert main(["rm", "org/tiny-gguf:q4_k_m", "--yes"]) == 0
     out = capsys.readouterr().out
-    assert "removed org/Tiny-GGUF:Q4_K_M" in out and "removed 4 stale pack(s)" in out
+    assert f"removed {good.name}" in out and "removed org/Tiny-GGUF:Q4_K_M" in out
+    assert "removed 5 stale pack(s)" in out
     assert not q4.exists() and not good.exists() and not orphan.exists()
-    assert list(packs_dir().iterdir()) == []
+    assert sorted(p.name for p in packs_dir().iterdir()) == sorted(
+        [resumable.name, pack_path(q8).name + ".done-layers"])
     blobs = list((dirs / "hf/hub/models--org--Tiny-GGUF/blobs").iterdir())
-    assert [b.stat().st_size for b in blobs] == [5000]
+    assert [b.stat().st_size for b in blobs] == [q8_size]
 
-    # the last quant of a repo takes the repo folder with it
+    # the last quant of a repo takes the repo folder (and its interrupted pack) with it
     assert main(["rm", "org/Tiny-GGUF", "--yes"]) == 0
     assert not (dirs / "hf/hub/models--org--Tiny-GGUF").exists()
+    assert list(packs_dir().iterdir()) == []
     capsys.readouterr()
     assert main(["rm", "nope/nothing", "--yes"]) == 2
     assert "no such model or pack" in capsys.readouterr().err
