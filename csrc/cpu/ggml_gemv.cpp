@@ -61,11 +61,17 @@ TileFn tile_fn() {
   return gemm_tile_scalar;
 }
 
+// Row blocks per thread chunk so that a chunk is worth waking a thread for
+// (~2^18 multiply-adds, tens of microseconds).
+size_t min_blocks(size_t k, size_t T) { return std::max<size_t>(1, ((size_t)1 << 18) / (RB * k * std::max<size_t>(1, T) + 1)); }
+
 // Rows [r0, r1) of W [.., rb] against x [T, k]; adds into y[t * ldy + r].
-// buf: RB * KC floats owned by the calling thread.
 void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_t r1, const float* x, size_t T,
-               float* y, size_t ldy, float* buf, TileFn tile, FusedFn fused) {
+               float* y, size_t ldy, TileFn tile, FusedFn fused) {
   if (fused && T <= FUSED_MAX_T && fused(type, w + r0 * rb, rb, k, r1 - r0, x, T, y + r0, ldy)) return;
+  thread_local std::vector<float> tile_buf;  // RB x KC dequantized weights, per pool thread
+  if (tile_buf.size() < RB * KC) tile_buf.resize(RB * KC);
+  float* buf = tile_buf.data();
   const TypeInfo ti = type_info(type);
   const bool direct = type == F32 && reinterpret_cast<uintptr_t>(w) % alignof(float) == 0;
   const size_t nr = r1 - r0;
@@ -92,13 +98,14 @@ void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const 
   std::memset(y, 0, T * rows * sizeof(float));
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
-  std::vector<float> bufs((size_t)num_threads() * RB * KC);
   const size_t nblocks = (rows + RB - 1) / RB;
-  parallel_for(nblocks, [&](size_t b0, size_t b1, int tid) {
-    float* buf = bufs.data() + (size_t)tid * RB * KC;
-    for (size_t b = b0; b < b1; ++b)
-      row_block(type, w, rb, k, b * RB, std::min(rows, (b + 1) * RB), x, T, y, rows, buf, tile, fused);
-  });
+  parallel_for(
+      nblocks,
+      [&](size_t b0, size_t b1, int) {
+        for (size_t b = b0; b < b1; ++b)
+          row_block(type, w, rb, k, b * RB, std::min(rows, (b + 1) * RB), x, T, y, rows, tile, fused);
+      },
+      min_blocks(k, T));
 }
 
 void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k, const int32_t* ids,
@@ -119,16 +126,17 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
     if (count[e + 1] > count[e]) used.push_back(e);
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
-  std::vector<float> bufs((size_t)num_threads() * RB * KC);
-  parallel_for(used.size() * nrb, [&](size_t i0, size_t i1, int tid) {
-    float* buf = bufs.data() + (size_t)tid * RB * KC;
-    for (size_t i = i0; i < i1; ++i) {
-      const size_t e = used[i / nrb], b = i % nrb;
-      const size_t t0 = count[e], nt = count[e + 1] - t0;
-      row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
-                yg.data() + t0 * rows, rows, buf, tile, fused);
-    }
-  });
+  parallel_for(
+      used.size() * nrb,
+      [&](size_t i0, size_t i1, int) {
+        for (size_t i = i0; i < i1; ++i) {
+          const size_t e = used[i / nrb], b = i % nrb;
+          const size_t t0 = count[e], nt = count[e + 1] - t0;
+          row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
+                    yg.data() + t0 * rows, rows, tile, fused);
+        }
+      },
+      min_blocks(k, (n + used.size() - 1) / std::max<size_t>(1, used.size())));
   for (size_t i = 0; i < n; ++i) std::memcpy(y + order[i] * rows, yg.data() + i * rows, rows * sizeof(float));
 }
 
