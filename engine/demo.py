@@ -68,21 +68,24 @@ def demo_model_path(progress: Progress | None = None) -> Path:
     out = demo_cache_path()
     if out.is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out.parent / ".build.lock")):
-        if out.is_file():  # another process built it while we waited
-            return out
-        src = locate_source()
-        if progress:
-            progress(0.0, "verifying the SmolLM2 weights")
-        verify_source(src)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            build_demo(src, tmp, progress)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(out.parent / ".build.lock")):
+            if out.is_file():  # another process built it while we waited
+                return out
+            src = locate_source()
+            if progress:
+                progress(0.0, "verifying the SmolLM2 weights")
+            verify_source(src)
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            try:
+                build_demo(src, tmp, progress)
+                os.replace(tmp, out)
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(out.parent)
+    except OSError as e:  # read-only or full cache dir: say so in one line
+        raise UserError(f"cannot build the demo model in {out.parent}: {e.strerror or e}") from None
     return out
 
 

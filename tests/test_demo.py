@@ -125,3 +125,11 @@ def test_concurrent_first_use_builds_once(tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert outs[0][0] == outs[1][0] == str(tmp_path / "cache" / "demo" / demo.demo_cache_path().name)
     assert sorted(o[1] for o in outs) == ["built", "cached"]
+
+
+def test_unwritable_cache_is_one_clear_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(blocker))
+    with pytest.raises(UserError, match="cannot build the demo model"):
+        demo.demo_model_path()
