@@ -16,6 +16,33 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
+    p.add_argument("--critical", type=_critical_arg, default=None, metavar="R",
+                   help="residual split with R critical experts per token (R > k means k)")
+    p.add_argument("--precision", choices=("split", "full"), default=None,
+                   help="full: the source weights as they are (no residual split)")
+
+
+def _critical_arg(v: str) -> int:
+    try:
+        r = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of experts, got {v!r}") from None
+    if r < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return r
+
+
+def critical_setting(args, default_split: bool):
+    """-> r (int), or None for full precision. default_split: what no flag means."""
+    if args.precision == "full" and args.critical is not None:
+        raise UserError("--precision full and --critical exclude each other")
+    if args.precision == "full":
+        return None
+    if args.critical is not None:
+        return args.critical
+    if args.precision == "split" or default_split:
+        return "k"  # every routed expert critical
+    return None
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +72,11 @@ def sampling_overrides(args) -> dict:
                 stop=tuple(args.stop) if args.stop else None)
 
 
-def load_for_cli(args, quiet: bool = False):
+def note(msg: str) -> None:
+    print(f"rapidmoe-chat: {msg}", file=sys.stderr)
+
+
+def load_for_cli(args, quiet: bool = False, default_split: bool = False):
     from ..engine import kernels
     from ..engine.model import load_model
     from .progress import StepProgress
@@ -66,7 +97,8 @@ def load_for_cli(args, quiet: bool = False):
     dl = None if quiet else (BarProgress() if sys.stderr.isatty() else LineProgress())
     try:
         with StepProgress(enabled=not quiet) as prog:
-            return load_model(args.model, n_ctx=args.ctx, progress=prog, download_progress=dl)
+            return load_model(args.model, n_ctx=args.ctx, progress=prog, download_progress=dl,
+                              critical=critical_setting(args, default_split), log=note)
     finally:
         if dl is not None:
             dl.close()
@@ -91,7 +123,7 @@ def run_prompt(args, prompt: str) -> int:
     from ..engine.generate import ChatSession, Session
     from ..engine.sampling import SamplingParams
 
-    model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty())
+    model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
     params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
     if args.raw:

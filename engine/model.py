@@ -46,10 +46,10 @@ def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_p
 
 
 def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None,
-               download_progress=None, critical: int | None = None, log=None) -> Model:
-    """critical: None runs the source weights (full precision); an integer r runs
-    the residual-split pack (converted on first use) with r critical experts per
-    token. progress(step: str, done: int, total: int) is called during
+               download_progress=None, critical: int | str | None = None, log=None) -> Model:
+    """critical: None runs the source weights (full precision); an integer r or
+    "k" (all routed experts) runs the residual-split pack (converted on first
+    use) with r critical experts per token. progress(step: str, done: int, total: int) is called during
     conversion and loading; download_progress(DownloadProgress) while a Hub
     model is pulled; log(str) gets one-off notes."""
     path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
@@ -82,17 +82,19 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     if tok.n_vocab != cfg.n_vocab:
         raise ModelFileError(path, f"tokenizer has {tok.n_vocab} tokens, model {cfg.n_vocab}")
     return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
-                 file_bytes=gguf.size_bytes, critical=critical if policy is not None else None)
+                 file_bytes=gguf.size_bytes, critical=policy.r if policy is not None else None)
 
 
-def _split_policy(cfg: ModelConfig, critical: int, log):
+def _split_policy(cfg: ModelConfig, critical: int | str, log):
     from .moe.resplit import FixedCritical
 
     if not cfg.n_expert:
         if log:
             log("this model has no routed experts: running it in full precision")
         return None
-    if critical < 0:
+    if critical == "k":
+        critical = cfg.n_expert_used
+    if not isinstance(critical, int) or critical < 0:
         raise UserError("--critical must be >= 0")
     if critical > cfg.n_expert_used:
         if log:
