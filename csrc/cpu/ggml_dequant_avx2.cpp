@@ -11,6 +11,7 @@ namespace ggml {
 namespace {
 
 struct Store {
+  static constexpr bool exact = true;
   float* o;
   RMOE_INLINE void put(int off, __m256 v) { _mm256_storeu_ps(o + off, v); }
 };

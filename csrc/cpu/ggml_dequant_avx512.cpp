@@ -12,6 +12,7 @@ namespace ggml {
 namespace {
 
 struct Store {
+  static constexpr bool exact = true;
   float* o;
   RMOE_INLINE void put(int off, __m512 v) { _mm512_storeu_ps(o + off, v); }
 };

@@ -64,6 +64,7 @@ constexpr int PREFETCH = 1024;
 
 template <int T>
 struct Dot {
+  static constexpr bool exact = false;  // products may fuse into FMAs
   __m256 acc[T];
   const float* x;  // activations at the current block
   size_t ldx;

@@ -59,6 +59,7 @@ constexpr int PREFETCH = 1024;
 // Accumulates unpacked weight vectors against T activation rows.
 template <int T>
 struct Dot {
+  static constexpr bool exact = false;  // products may fuse into FMAs
   __m512 acc[T];
   const float* x;  // activations at the current block
   size_t ldx;

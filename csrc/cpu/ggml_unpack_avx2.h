@@ -32,8 +32,11 @@ RMOE_INLINE __m256i s8x8(const uint8_t* p) {
 RMOE_INLINE __m256i iota8() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
 RMOE_INLINE __m256i c32(int v) { return _mm256_set1_epi32(v); }
 
-// a * q (int lanes), then + m
+// a * q (int lanes), then + m. The dequantizer (K::exact) rounds the product
+// first, as the reference does; the GEMV may fuse it into one FMA.
+template <bool EXACT>
 RMOE_INLINE __m256 am(__m256 a, __m256i q, __m256 m) {
+  if (!EXACT) return _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(q), m);
   __m256 p = _mm256_mul_ps(a, _mm256_cvtepi32_ps(q));
   RMOE_NOFUSE(p);
   return _mm256_add_ps(p, m);
@@ -55,8 +58,8 @@ RMOE_INLINE void q4_1(const uint8_t* b, K& o) {
   const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
   for (int i = 0; i < 16; i += 8) {
     const __m256i raw = u8x8(b + 4 + i);
-    o.put(i, am(d, _mm256_and_si256(raw, c32(15)), m));
-    o.put(16 + i, am(d, _mm256_srli_epi32(raw, 4), m));
+    o.put(i, am<K::exact>(d, _mm256_and_si256(raw, c32(15)), m));
+    o.put(16 + i, am<K::exact>(d, _mm256_srli_epi32(raw, 4), m));
   }
 }
 
@@ -77,8 +80,8 @@ RMOE_INLINE void q5_x(const uint8_t* b, K& o, bool with_min) {
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, c32(15)), qh_bits(qh, i));
     const __m256i hi = _mm256_or_si256(_mm256_srli_epi32(raw, 4), qh_bits(qh, 16 + i));
     if (with_min) {
-      o.put(i, am(d, lo, m));
-      o.put(16 + i, am(d, hi, m));
+      o.put(i, am<K::exact>(d, lo, m));
+      o.put(16 + i, am<K::exact>(d, hi, m));
     } else {
       o.put(i, a_(d, _mm256_sub_epi32(lo, c32(16))));
       o.put(16 + i, a_(d, _mm256_sub_epi32(hi, c32(16))));
@@ -108,7 +111,7 @@ RMOE_INLINE void q2_k(const uint8_t* b, K& o) {
         const int e = 128 * h + 32 * s + l8;
         const float dl = d * (float)(sc[e >> 4] & 15), ml = rounded(dmin * (float)(sc[e >> 4] >> 4));
         const __m256i q = _mm256_and_si256(_mm256_srli_epi32(raw, 2 * s), c32(3));
-        o.put(e, am(_mm256_set1_ps(dl), q, _mm256_set1_ps(-ml)));
+        o.put(e, am<K::exact>(_mm256_set1_ps(dl), q, _mm256_set1_ps(-ml)));
       }
     }
 }
@@ -155,7 +158,7 @@ RMOE_INLINE void q45_k(const uint8_t* b, K& o, bool five) {
     for (int l8 = 0; l8 < 32; l8 += 8) {
       __m256i q = _mm256_and_si256(_mm256_srli_epi32(u8x8(qs + 32 * j + l8), 4 * u), c32(15));
       if (five) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8(qh + l8), sb), c32(1)), 4));
-      o.put(32 * sb + l8, am(ds, q, dm));
+      o.put(32 * sb + l8, am<K::exact>(ds, q, dm));
     }
   }
 }
@@ -165,26 +168,38 @@ RMOE_INLINE void q4_k(const uint8_t* b, K& o) { q45_k(b, o, false); }
 template <class K>
 RMOE_INLINE void q5_k(const uint8_t* b, K& o) { q45_k(b, o, true); }
 
+// Q6_K: 32 codes at a time with byte ops, then widened 8 at a time.
 template <class K>
 RMOE_INLINE void q6_k(const uint8_t* b, K& o) {
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = h2f(b + 208);
-  for (int h = 0; h < 2; ++h)
-    for (int l8 = 0; l8 < 32; l8 += 8) {
-      const __m256i hb = u8x8(qh + 32 * h + l8);
-      for (int s = 0; s < 4; ++s) {
-        const int e = 128 * h + 32 * s + l8;
-        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql + 64 * h + 32 * (s & 1) + l8), 4 * (s >> 1)), c32(15));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(hb, 2 * s), c32(3));
-        const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), c32(32));
-        const float dl = d * (float)sc[e >> 4];
-        o.put(e, a_(_mm256_set1_ps(dl), q));
+  const __m256 dlo = _mm256_mul_ps(_mm256_set1_ps(h2f(b + 208)), _mm256_cvtepi32_ps(s8x8(b + 192)));      // d * sc[0..7]
+  const __m256 dhi = _mm256_mul_ps(_mm256_set1_ps(h2f(b + 208)), _mm256_cvtepi32_ps(s8x8(b + 200)));      // d * sc[8..15]
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256 dl = h ? dhi : dlo;
+    for (int s = 0; s < 4; ++s) {
+      const __m256i lsrc = (s & 1) ? l1 : l0;
+      const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(lsrc, 4) : lsrc, m4);
+      __m256i hi;  // bits 2s, 2s+1 of qh -> bits 4, 5
+      switch (s) {
+        case 0: hi = _mm256_slli_epi16(hb, 4); break;
+        case 1: hi = _mm256_slli_epi16(hb, 2); break;
+        case 2: hi = hb; break;
+        default: hi = _mm256_srli_epi16(hb, 2); break;
       }
+      const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m2)), off);  // 32 codes - 32
+      const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+      const __m256 s0 = _mm256_permutevar8x32_ps(dl, c32(2 * s)), s1 = _mm256_permutevar8x32_ps(dl, c32(2 * s + 1));
+      const int e = 128 * h + 32 * s;
+      o.put(e, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0))));
+      o.put(e + 8, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q0, q0)))));
+      o.put(e + 16, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1))));
+      o.put(e + 24, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q1, q1)))));
     }
+  }
 }
-
 
 // 8 weights of a float type as one "block".
 template <class K>
