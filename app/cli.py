@@ -16,6 +16,7 @@ from ..engine.errors import UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("cmd_convert", "build the residual-split pack of a model (done on first use otherwise)"),
     "eval": ("cmd_eval", "perplexity / KL of a model over a text (full precision by default)"),
     "pull": ("cmd_pull", "download a GGUF model from the Hugging Face Hub: REPO[:QUANT]"),
     "paths": ("cmd_paths", "where config, chat history, cache, packs and models live"),

@@ -30,6 +30,12 @@ def num_threads() -> int:
     return int(_cpu.num_threads())
 
 
+def read_bandwidth_gbs(nbytes: int = 1 << 30, passes: int = 3) -> float:
+    """STREAM-like DRAM read bandwidth with the kernel threads (buffer >> caches)."""
+    buf = np.ones(nbytes, dtype=np.uint8)  # touched, so every page is resident
+    return float(_cpu.read_bandwidth_gbs(buf, passes))
+
+
 # ---- GGUF tensor types kept in their source format (csrc/cpu/ggml_*.cpp) ----
 # `qtype` is the GGUF type id (gguf.GGMLQuantizationType): F32, F16, BF16, Q8_0,
 # Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Weights are passed as the

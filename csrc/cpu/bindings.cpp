@@ -9,6 +9,7 @@
 #include "convert.h"
 #include "ggml_kernels.h"
 #include "isa.h"
+#include "membench.h"
 #include "resplit.h"
 #include "threadpool.h"
 
@@ -206,6 +207,12 @@ PYBIND11_MODULE(_cpu, m) {
         "bfloat16 bits (uint16, any shape) -> float32 of the same shape");
   m.def("isa_info", &isa_info, "CPU features and the kernel path in use");
   m.def("set_num_threads", &rmoe::set_num_threads, py::arg("n"), "kernel threads (<= 0: usable cores)");
+  m.def("read_bandwidth_gbs", [](const py::array_t<uint8_t, py::array::c_style>& buf, int passes) {
+          const uint8_t* p = buf.data();
+          const size_t n = (size_t)buf.size();
+          py::gil_scoped_release nogil;
+          return rmoe::read_bandwidth_gbs(p, n, passes);
+        }, py::arg("buf"), py::arg("passes") = 3, "best read GB/s over a buffer (uint8 [n]) with the kernel threads");
   m.def("num_threads", &rmoe::num_threads);
   // GGUF tensor types kept in their source format (ggml_*.cpp).
   m.def("ggml_row_bytes", &rmoe::ggml::row_bytes, py::arg("type"), py::arg("k"),

@@ -1,0 +1,29 @@
+"""`rapidmoe-chat convert -m PATH`: build (or verify) the residual-split pack."""
+from __future__ import annotations
+
+import sys
+
+from .cmd_chat import note
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-m", "--model", required=True, help="GGUF path, Hugging Face REPO[:QUANT], or 'demo'")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+
+
+def run(args) -> int:
+    from ..engine import kernels
+    from ..engine.errors import UserError
+    from ..engine.model import resolve_model_path
+    from ..engine.pack import convert
+    from .progress import StepProgress
+
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise UserError("--threads must be > 0")
+        kernels.set_num_threads(args.threads)
+    with StepProgress(enabled=sys.stderr.isatty()) as prog:
+        src = resolve_model_path(args.model, progress=prog)
+        out = convert(src, progress=prog, log=note)
+    print(out)
+    return 0
