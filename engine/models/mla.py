@@ -21,9 +21,13 @@ from .common import Rope, linear, rms_norm
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """KV cache bytes per token of context over all layers: the latent plus the
-    rope key, as llama.cpp's MLA cache stores them (f16: dtype_bytes = 2)."""
-    return cfg.n_layer * (cfg.get("kv_lora_rank") + cfg.rope_dim) * dtype_bytes
+    """KV cache bytes per token of context over all layers (f16: dtype_bytes = 2).
+    deepseek2 keeps the latent plus the rope key, as llama.cpp's MLA cache does
+    (legacy attn_kv_b files too: they run absorbed here); other architectures
+    keep K and V of every KV head."""
+    if cfg.arch == "deepseek2":
+        return cfg.n_layer * (cfg.get("kv_lora_rank") + cfg.rope_dim) * dtype_bytes
+    return cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * dtype_bytes
 
 
 class MLACache:
