@@ -100,7 +100,7 @@ class Session:
             # emit what can no longer become part of a stop string
             safe = len(text) if reason else max(emitted, len(text) - hold)
             if safe > emitted:
-                yield TextDelta(text[emitted:safe], n_out, decode_tok_s)
+                yield TextDelta(text[emitted:safe], n_out, decode_tok_s, self.model.net.critical_sizes())
                 emitted = safe
             if reason:
                 break  # the last sampled token is not fed: the next turn's prefix match copes

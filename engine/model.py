@@ -23,6 +23,7 @@ class Model:
     tokenizer: Any = None
     file_bytes: int = 0
     critical: int | None = None  # None: full precision; r: residual split with r critical experts
+    weights: Any = None  # weights.Weights: which tensors the model uses
 
 
 def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_progress=None) -> Path:
@@ -82,7 +83,8 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     if tok.n_vocab != cfg.n_vocab:
         raise ModelFileError(path, f"tokenizer has {tok.n_vocab} tokens, model {cfg.n_vocab}")
     return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
-                 file_bytes=gguf.size_bytes, critical=policy.r if policy is not None else None)
+                 file_bytes=gguf.size_bytes, critical=policy.r if policy is not None else None,
+                 weights=W)
 
 
 def _split_policy(cfg: ModelConfig, critical: int | str, log):

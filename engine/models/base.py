@@ -90,6 +90,25 @@ class Transformer:
     def new_cache(self, n_ctx: int) -> KVCache:
         return KVCache(self.cfg, n_ctx)
 
+    def kv_bytes(self, n_ctx: int) -> int:
+        c = self.cfg
+        return n_ctx * c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4
+
+    def _split_experts(self) -> list:
+        return [e for e in (getattr(getattr(b, "ffn", None), "experts", None) for b in self.blocks)
+                if hasattr(e, "last_r")]
+
+    def critical_sizes(self) -> tuple[int, ...] | None:
+        """Critical-set size r of the last token, per MoE layer (None: not split)."""
+        layers = self._split_experts()
+        if not layers or any(e.last_r is None for e in layers):
+            return None
+        return tuple(int(e.last_r[-1]) for e in layers)
+
+    def mean_critical(self) -> float | None:
+        r = self.critical_sizes()
+        return sum(r) / len(r) if r else None
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only)."""

@@ -1,0 +1,116 @@
+"""`rapidmoe-chat bench`: pp and tg tokens/s per setting, each in a fresh process
+(like llama-bench), with memory and bandwidth figures. Progress on stderr; with
+--json, stdout carries only a JSON list of rows."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from ..engine.errors import UserError
+from .cmd_chat import note
+
+
+def _settings(v: str) -> list:
+    out = []
+    for part in v.split(","):
+        part = part.strip()
+        if part == "full":
+            out.append(None)
+            continue
+        try:
+            r = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers of critical experts (or 'full'), got {part!r}") from None
+        if r < 0:
+            raise argparse.ArgumentTypeError("critical-set sizes must be >= 0")
+        out.append(r)
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-m", "--model", default="bench",
+                   help="GGUF path, REPO[:QUANT], 'demo', or 'bench' (the default: a synthetic qwen3moe with "
+                        "Qwen3-30B-A3B layer shapes, generated once)")
+    p.add_argument("--critical", type=_settings, default=None, metavar="R[,R...]",
+                   help="critical-set sizes to measure, e.g. 8,2,0 ('full' = source weights); default: k")
+    p.add_argument("--precision", choices=("split", "full"), default=None, help="full: the source weights only")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
+    p.add_argument("--json", action="store_true", help="stdout: only a JSON list of row objects")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process: one setting
+
+
+def _threads(args) -> int:
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise UserError("--threads must be > 0")
+        return args.threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run(args) -> int:
+    if args.n_prompt <= 0 or args.n_gen <= 0:
+        raise UserError("-p and -n must be > 0")
+    if args.precision == "full" and args.critical is not None:
+        raise UserError("--precision full and --critical exclude each other")
+    if args.one:
+        return _run_one(args)
+    from ..engine.bench import bench_model_path
+    from ..engine.model import resolve_model_path
+    from .progress import StepProgress
+
+    threads = _threads(args)
+    settings = [None] if args.precision == "full" else (args.critical or ["k"])
+    with StepProgress(enabled=sys.stderr.isatty()) as prog:
+        src = bench_model_path(progress=prog) if args.model == "bench" else resolve_model_path(args.model, progress=prog)
+        if any(s is not None for s in settings):
+            from ..engine.pack import convert
+
+            convert(src, progress=prog, log=note)
+    rows = []
+    for s in settings:
+        label = "full precision" if s is None else f"critical {s}"
+        print(f"bench: {label}, {threads} threads, pp{args.n_prompt} + tg{args.n_gen} ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "rapidmoe.app.cli", "bench", "--one", "-m", str(src), "--threads", str(threads),
+               "-p", str(args.n_prompt), "-n", str(args.n_gen)]
+        cmd += ["--precision", "full"] if s is None else ["--critical", str(s)]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise UserError(f"the bench of {label} failed (exit {r.returncode})")
+        rows += json.loads(r.stdout)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _table(rows)
+    return 0
+
+
+def _run_one(args) -> int:
+    from ..engine.bench import rss_now, run_setting
+
+    rss0 = rss_now()
+    crit = None if args.precision == "full" else (args.critical[0] if args.critical else "k")
+    if crit == "k" or isinstance(crit, int):
+        pass
+    rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0)
+    print(json.dumps(rows))
+    return 0
+
+
+def _table(rows: list[dict]) -> None:
+    head = f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>6} {'t/s':>9} {'MB/token':>9} {'GB/s':>6} {'of BW':>6} {'peak RSS':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        setting = "full" if r["critical"] < 0 else f"r={r['critical']}"
+        mbpt = f"{r['bytes_per_token'] / 1e6:9.1f}" if r["bytes_per_token"] else f"{'—':>9}"
+        gbs = f"{r['achieved_gbs']:6.2f}" if r["achieved_gbs"] else f"{'—':>6}"
+        frac = f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] else f"{'—':>6}"
+        print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mbpt} {gbs} "
+              f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
+    if rows:
+        print(f"read bandwidth measured: {rows[0]['read_bandwidth_gbs']:.2f} GB/s with {rows[0]['threads']} threads")

@@ -1,0 +1,125 @@
+"""Speed and memory of one setting (model x critical-set policy x threads), as
+llama-bench measures: pp (prompt tokens/s from an empty context, one batch) and
+tg (decode tokens/s from an empty context), plus the bytes each decode token
+reads and the machine's own read bandwidth."""
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from filelock import FileLock
+
+from . import kernels
+from .paths import cache_dir
+
+BENCH_SEED = 0
+
+
+def bench_model_path(progress=None) -> Path:
+    """The synthetic qwen3moe with Qwen3-30B-A3B layer shapes (8 layers, 32
+    experts, top-8, f16), written once into the cache dir."""
+    from .synth import write_synthetic
+
+    d = cache_dir() / "bench"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"bench-qwen3moe-a3b-shapes-s{BENCH_SEED}.f16.gguf"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            if progress:
+                progress("bench model", 0, 1)
+            write_synthetic(path, "bench", seed=BENCH_SEED)
+            if progress:
+                progress("bench model", 1, 1)
+    return path
+
+
+def decode_bytes_per_token(model, mean_r: float) -> int:
+    """Weight bytes one decode token reads: every non-expert matrix (not the
+    embedding table: one row) plus, per MoE layer, k experts' worth in the
+    formats the critical-set size implies."""
+    W = model.weights
+    cfg = model.cfg
+    total = 0
+    expert_names = set()
+    for name in W.used:
+        t = W.gguf.tensors[name]
+        if "_exps." in name:
+            expert_names.add(name)
+        elif name != "token_embd.weight":
+            total += t.nbytes
+    if "output.weight" not in W.used:  # tied head reads the whole table
+        total += W.gguf.tensors["token_embd.weight"].nbytes
+    k = cfg.n_expert_used
+    per_layer = 0.0
+    layers = {n.split(".")[1] for n in expert_names}
+    for il in layers:
+        def per_expert(name):
+            t = W.gguf.tensors.get(f"blk.{il}.{name}")
+            return t.nbytes / cfg.n_expert if t is not None else 0.0
+        if model.critical is None:
+            per_layer += k * sum(per_expert(f"ffn_{p}_exps.weight") for p in ("gate", "up", "down"))
+        else:
+            wq = sum(per_expert(f"ffn_{p}_exps.wq") for p in ("gate", "up", "down"))
+            crit = (per_expert("ffn_gate_exps.wq") + per_expert("ffn_up_exps.wq") + per_expert("ffn_gate_exps.wr")
+                    + per_expert("ffn_up_exps.wr") + per_expert("ffn_down_exps.d4"))
+            per_layer += mean_r * crit + (k - mean_r) * wq
+    return int(total + per_layer)
+
+
+def resident_model_bytes(model) -> int:
+    W = model.weights
+    return int(sum(W.gguf.tensors[n].nbytes for n in W.used))
+
+
+def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int) -> list[dict]:
+    from .model import load_model
+
+    kernels.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    bw = kernels.read_bandwidth_gbs(1 << 30)
+    model = load_model(spec, n_ctx=n_prompt + n_gen + 1, critical=critical)
+    # touch every weight once so pages are resident before timing (as mmap + warm-up does)
+    rng = np.random.default_rng(0)
+    V = model.cfg.n_vocab
+    prompt = torch.from_numpy(rng.integers(10, V - 10, n_prompt))
+    cache = model.net.new_cache(model.n_ctx)
+    model.net.forward(prompt[:16], 0, cache, last_only=True)  # warm-up
+    cache = model.net.new_cache(model.n_ctx)
+    t0 = time.perf_counter()
+    model.net.forward(prompt, 0, cache, last_only=True)
+    t_pp = time.perf_counter() - t0
+    cache = model.net.new_cache(model.n_ctx)
+    toks = rng.integers(10, V - 10, n_gen)
+    model.net.forward(torch.tensor([int(toks[0])]), 0, cache)  # warm-up token at position 0
+    rs = []
+    t0 = time.perf_counter()
+    for i in range(n_gen):
+        model.net.forward(torch.tensor([int(toks[i])]), i + 1, cache)
+        rs.append(model.net.mean_critical())
+    t_tg = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    r_vals = [r for r in rs if r is not None]
+    mean_r = float(np.mean(r_vals)) if r_vals else None
+    bpt = decode_bytes_per_token(model, mean_r if mean_r is not None else 0.0)
+    base = {"model": Path(model.path).name, "critical": model.critical if model.critical is not None else -1,
+            "precision": "full" if model.critical is None else "split", "threads": threads,
+            "peak_rss_bytes": int(peak), "rss_after_imports_bytes": int(rss0),
+            "model_bytes": resident_model_bytes(model), "kv_bytes": model.net.kv_bytes(model.n_ctx),
+            "read_bandwidth_gbs": round(bw, 2)}
+    tg = n_gen / t_tg
+    rows = [
+        {**base, "test": f"pp{n_prompt}", "tokens_per_s": round(n_prompt / t_pp, 2), "bytes_per_token": None,
+         "achieved_gbs": None},
+        {**base, "test": f"tg{n_gen}", "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
+         "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
+    ]
+    return rows
+
+
+def rss_now() -> int:
+    return psutil.Process(os.getpid()).memory_info().rss
