@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from textual import events
 from textual.widgets import Collapsible, Markdown, OptionList
 
@@ -393,16 +392,19 @@ def test_screenshots_of_the_main_screens(tmp_path):
 
 
 def test_end_to_end_with_the_real_demo_model(tmp_path):
-    """The real engine: the demo model loads in a worker, answers, streams, and stops on Esc."""
-    pytest.importorskip("rapidmoe.engine.demo")
+    """The real engine: the demo model loads in a worker, answers, streams, and stops on Esc.
+    Full precision here: converting the demo's residual-split pack takes a minute on a
+    small machine (engine/pack.py's tests cover it); the TUI path is the same."""
+    from rapidmoe.app.tui.backend import EngineBackend
 
     async def main():
-        app = ChatApp(config=load_config(tmp_path / "c.toml", env={}), store=ChatStore(tmp_path / "h.db"),
-                      overrides={"temperature": 0.0, "max_tokens": 400})
+        app = ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
+                      store=ChatStore(tmp_path / "h.db"), overrides={"temperature": 0.0, "max_tokens": 400})
         async with app.run_test(size=SIZE) as pilot:
             scr = app.screen
             await wait_for(pilot, lambda: scr.model is not None, timeout=120)
             assert "SmolLM2" in scr.model.name and scr.model.n_ctx > 0
+            assert scr.model.placement == "full precision · CPU"
             await send(pilot, "What is the capital of France? Answer in one sentence.")
             await wait_for(pilot, lambda: not scr.generating, timeout=120)
             assert "Paris" in scr.query(MessageView).last().text

@@ -7,7 +7,7 @@ A chat object (engine.generate.ChatSession or a stand-in) has `.messages`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -26,6 +26,7 @@ class LoadedModel:
     placement: str  # "CPU-centric", "W_Q 25% on GPU · residuals on CPU", ...
     handle: Any = None  # the backend's model object
     size_bytes: int = 0
+    notes: list[str] = field(default_factory=list)  # one-off remarks from loading, shown once
 
 
 class Backend(Protocol):
@@ -43,17 +44,33 @@ def _download_progress(progress: Progress):
     return cb
 
 
+def placement(critical: int | None) -> str:
+    # no GPU path yet: everything runs on the CPU
+    if critical is None:
+        return "full precision · CPU"
+    return f"RESplit r={critical} · CPU-centric"
+
+
 class EngineBackend:
+    """critical: None = the source weights; r or "k" = the residual-split pack
+    (converted on first use) with r critical experts per token."""
+
+    def __init__(self, critical: int | str | None = "k"):
+        self.critical = critical
+
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
         from ...engine.model import load_model
 
+        notes: list[str] = []
         # "demo", a path, or repo[:quant] (pulled, resumably, when the HF cache lacks it)
         m = load_model(spec, n_ctx=n_ctx or None, progress=progress,
-                       download_progress=_download_progress(progress))
+                       download_progress=_download_progress(progress), critical=self.critical,
+                       log=notes.append)
         name = str(m.metadata.get("general.name") or Path(m.path).stem)
         return LoadedModel(spec=spec, name=name, n_ctx=m.n_ctx,
                            defaults=SamplingParams.from_metadata(m.metadata),
-                           placement="CPU-centric", handle=m, size_bytes=int(m.file_bytes or 0))
+                           placement=placement(getattr(m, "critical", None)), handle=m,
+                           size_bytes=int(m.file_bytes or 0), notes=notes)
 
     def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams):
         from ...engine.generate import ChatSession

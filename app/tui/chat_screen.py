@@ -155,7 +155,9 @@ class ChatScreen(ChatActions, Screen):
 
     @on(LoadProgress)
     def _on_load_progress(self, ev: LoadProgress) -> None:
+        pct = f"{100 * ev.done / ev.total:.0f}%" if ev.total else ""
         label = {"load": f"loading layers {ev.done}/{ev.total}",
+                 "convert": f"converting to a residual-split pack (first use only) {pct}",
                  "demo": "building the demo model (first run only)"}.get(ev.what, ev.what)
         self.query_one("#load-what", Static).update(label)
         self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
@@ -171,6 +173,8 @@ class ChatScreen(ChatActions, Screen):
             self.note(msg, "error")
             return
         self.model = ev.model
+        for n in getattr(ev.model, "notes", ()):
+            self.note(n)
         self.app.store.set_state("last_model", ev.spec)
         self.status.set_model(self.model.name, self.model.placement)
         if self.chat is not None:
