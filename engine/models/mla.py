@@ -49,6 +49,15 @@ def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
     return mscale * mscale / math.sqrt(cfg.get("head_dim_k_mla"))
 
 
+def per_head(w, x: torch.Tensor) -> torch.Tensor:
+    """Each head's own matrix: w (nh, out, in) as f32 or QWeight, x [T, nh, in] -> [T, nh, out]."""
+    if isinstance(w, torch.Tensor):
+        return torch.einsum("thi,hoi->tho", x, w)
+    T, nh, _ = x.shape
+    ids = torch.arange(nh, dtype=torch.int32).repeat(T)  # row t*nh + h uses head h
+    return w.expert_matmul(ids, x.reshape(T * nh, -1).contiguous()).view(T, nh, -1)
+
+
 class MLAttention:
     def __init__(self, cfg: ModelConfig, W: Weights, il: int, rope: Rope, scale: float):
         H, nh = cfg.n_embd, cfg.n_head
@@ -65,25 +74,26 @@ class MLAttention:
             self.wq = W.mat(p + "attn_q.weight", H, nh * hk)
         self.wkv_a = W.mat(p + "attn_kv_a_mqa.weight", H, kv + rd)
         self.kv_a_norm = W.get(p + "attn_kv_a_norm.weight", kv)
-        if cfg.get("mla"):
-            self.k_b = W.get(p + "attn_k_b.weight", self.nope, kv, nh)  # [nh, kv, nope]
-            self.v_b = W.get(p + "attn_v_b.weight", kv, hv, nh)  # [nh, hv, kv]
+        if cfg.get("mla"):  # per-head stacks, kept in their GGUF type like expert stacks
+            self.k_b = W.mat(p + "attn_k_b.weight", self.nope, kv, nh)  # [nh, kv, nope]
+            self.v_b = W.mat(p + "attn_v_b.weight", kv, hv, nh)  # [nh, hv, kv]
         else:  # legacy files: one attn_kv_b holding, per head, the k_nope rows then the v rows
             kvb = W.get(p + "attn_kv_b.weight", kv, nh * (self.nope + hv)).view(nh, self.nope + hv, kv)
             self.k_b = kvb[:, :self.nope].transpose(1, 2).contiguous()  # [nh, kv, nope]
             self.v_b = kvb[:, self.nope:].contiguous()  # [nh, hv, kv]
         self.wo = W.mat(p + "attn_output.weight", nh * hv, H)
+        self.kv = kv
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: MLACache) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
-        nh, kv = cfg.n_head, self.k_b.shape[1]
+        nh, kv = cfg.n_head, self.kv
         if hasattr(self, "wq"):
             q = linear(x, self.wq)
         else:
             q = linear(rms_norm(linear(x, self.wq_a), self.q_a_norm, cfg.rms_eps), self.wq_b)
         q = q.view(T, nh, -1)  # [T, nh, nope + rope]
         q_pe = self.rope(q[..., self.nope:], pos0)  # [T, nh, rope]
-        q_lat = torch.einsum("thj,hcj->thc", q[..., :self.nope], self.k_b)  # [T, nh, kv]
+        q_lat = per_head(self.k_b, q[..., :self.nope])  # [T, nh, kv]
 
         ckv = linear(x, self.wkv_a)  # [T, kv + rope]
         k_pe = self.rope(ckv[:, None, kv:], pos0)[:, 0]  # [T, rope]
@@ -99,5 +109,5 @@ class MLAttention:
             causal = torch.arange(S)[None, :] <= torch.arange(pos0, S)[:, None]  # [T, S]
             scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
         o_lat = torch.softmax(scores, dim=-1) @ keys[:, :kv]  # [T, nh, kv]
-        o = torch.einsum("thc,hjc->thj", o_lat, self.v_b)  # [T, nh, hv]
+        o = per_head(self.v_b, o_lat)  # [T, nh, hv]
         return linear(o.reshape(T, -1), self.wo)
