@@ -148,7 +148,7 @@ def _mha_reference(attn, x, positions):
     published form), from the layer's own weights. x [T, H] -> [T, H]."""
     cfg = attn.cfg
     T, nh, kv, nope = x.shape[0], cfg.n_head, attn.k_b.shape[1], attn.nope
-    if hasattr(attn, "wq"):
+    if attn.wq is not None:
         q = x @ attn.wq.T
     else:
         q = rms_norm(x @ attn.wq_a.T, attn.q_a_norm, cfg.rms_eps) @ attn.wq_b.T
@@ -206,3 +206,13 @@ def test_cli_prompt_and_eval_on_deepseek2(files, tmp_path):
         ls = logits[pos] - logits[pos].max()
         ls -= np.log(np.exp(ls).sum())
         assert np.abs(ls[[i for i, _ in top]] - [v for _, v in top]).max() < 1e-3
+
+
+def test_long_prefill_blocks_of_queries_give_the_same_logits(files, monkeypatch):
+    from rapidmoe.engine.models import mla
+
+    model = load_model(files["ds2_v3"], n_ctx=64)
+    toks = torch.arange(100, 140)
+    whole = model.net.forward(toks, 0, model.net.new_cache(64))
+    monkeypatch.setattr(mla, "_SCORES_MAX", 3 * 4 * 40)  # three queries per block
+    assert torch.equal(model.net.forward(toks, 0, model.net.new_cache(64)), whole)

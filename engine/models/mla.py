@@ -20,6 +20,9 @@ from ..weights import Weights
 from .common import Rope, linear, rms_norm
 
 
+_SCORES_MAX = 1 << 25  # attention scores held at once (128 MiB in f32)
+
+
 def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
     """KV cache bytes per token of context over all layers (f16: dtype_bytes = 2).
     deepseek2 keeps the latent plus the rope key, as llama.cpp's MLA cache does
@@ -70,6 +73,7 @@ class MLAttention:
             self.wq_a = W.mat(p + "attn_q_a.weight", H, q_lora)
             self.q_a_norm = W.get(p + "attn_q_a_norm.weight", q_lora)
             self.wq_b = W.mat(p + "attn_q_b.weight", q_lora, nh * hk)
+            self.wq = None
         else:
             self.wq = W.mat(p + "attn_q.weight", H, nh * hk)
         self.wkv_a = W.mat(p + "attn_kv_a_mqa.weight", H, kv + rd)
@@ -87,7 +91,7 @@ class MLAttention:
     def __call__(self, x: torch.Tensor, pos0: int, cache: MLACache) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
         nh, kv = cfg.n_head, self.kv
-        if hasattr(self, "wq"):
+        if self.wq is not None:
             q = linear(x, self.wq)
         else:
             q = linear(rms_norm(linear(x, self.wq_a), self.q_a_norm, cfg.rms_eps), self.wq_b)
@@ -103,11 +107,15 @@ class MLAttention:
         S = pos0 + T
         keys = rows[:S]  # [S, kv + rope]
 
-        qcat = torch.cat([q_lat, q_pe], dim=-1).reshape(T * nh, -1)  # [T*nh, kv + rope]
-        scores = (qcat @ keys.T).view(T, nh, S) * self.scale  # [T, nh, S]
-        if T > 1:
-            causal = torch.arange(S)[None, :] <= torch.arange(pos0, S)[:, None]  # [T, S]
-            scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
-        o_lat = torch.softmax(scores, dim=-1) @ keys[:, :kv]  # [T, nh, kv]
+        qcat = torch.cat([q_lat, q_pe], dim=-1)  # [T, nh, kv + rope]
+        o_lat = torch.empty(T, nh, kv)
+        step = max(1, _SCORES_MAX // (nh * S))  # queries per block: bounds the [t, nh, S] scores
+        for t0 in range(0, T, step):
+            t1 = min(T, t0 + step)
+            scores = (qcat[t0:t1] @ keys.T) * self.scale  # [t, nh, S]
+            if T > 1:
+                causal = torch.arange(S)[None, :] <= torch.arange(pos0 + t0, pos0 + t1)[:, None]  # [t, S]
+                scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
+            o_lat[t0:t1] = torch.softmax(scores, dim=-1) @ keys[:, :kv]  # [t, nh, kv]
         o = per_head(self.v_b, o_lat)  # [T, nh, hv]
         return linear(o.reshape(T, -1), self.wo)
