@@ -182,11 +182,14 @@ def _write(src_path: Path, ident: dict, out: Path, progress, log) -> None:
             if not done:
                 os.ftruncate(fd, 0)
                 _reserve(fd, plan.size)
-                os.pwrite(fd, plan.header, 0)
+                # no magic until the end: a partial file is never a GGUF, let alone a pack
+                os.pwrite(fd, b"\0\0\0\0" + plan.header[4:], 0)
                 idx = {s.name: i for i, s in enumerate(plan.slots)}
                 for s in plan.copied:
                     os.pwrite(fd, plan.src.raw(s.name), plan.offsets[idx[s.name]])
             _write_experts(fd, plan, done, done_file, header_sha, progress)
+            os.fsync(fd)
+            os.pwrite(fd, plan.header[:4], 0)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -1,0 +1,135 @@
+"""The residual-split pack: what it holds, crash safety and resume, verification,
+disk checks, and split execution against full precision."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rapidmoe.engine import kernels
+from rapidmoe.engine.errors import ModelFileError, UserError
+from rapidmoe.engine.gguf.reader import GGUFFile
+from rapidmoe.engine.model import load_model
+from rapidmoe.engine.pack import convert, pack_path, source_identity, verify_pack
+from rapidmoe.engine.synth import write_synthetic
+
+
+@pytest.fixture()
+def src(tmp_path):
+    return write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=11, dtype="f16", n_layer=3)
+
+
+def test_pack_holds_source_tensors_and_resplit_parts(src):
+    out = convert(src)
+    g, s = GGUFFile(out), GGUFFile(src)
+    assert g.metadata["rapidmoe.pack.version"] == 1
+    for name, t in s.tensors.items():
+        if "_exps." in name:
+            assert name not in g.tensors
+            continue
+        assert np.array_equal(g.raw(name), s.raw(name))  # non-expert tensors keep their source bytes
+    # expert parts are exactly the quantizers' output on the dequantized source
+    t = s.tensors["blk.1.ffn_gate_exps.weight"]
+    E, rows, n = t.shape
+    w = kernels.ggml_dequantize(s.raw(t.name).reshape(E, -1)[3], t.ggml_type, rows * n).reshape(rows, n)
+    wq, wr = kernels.resplit_quantize_wq_wr(w)
+    assert np.array_equal(g.raw("blk.1.ffn_gate_exps.wq").reshape(E, rows, -1)[3], wq)
+    assert np.array_equal(g.raw("blk.1.ffn_gate_exps.wr").reshape(E, rows, -1)[3], wr)
+    d = s.tensors["blk.2.ffn_down_exps.weight"]
+    E, rows, n = d.shape
+    w = kernels.ggml_dequantize(s.raw(d.name).reshape(E, -1)[0], d.ggml_type, rows * n).reshape(rows, n)
+    assert np.array_equal(g.raw("blk.2.ffn_down_exps.d4").reshape(E, rows, -1)[0], kernels.resplit_quantize("d4", w))
+    # a second call reuses the verified pack
+    mtime = out.stat().st_mtime_ns
+    assert convert(src) == out and out.stat().st_mtime_ns == mtime
+
+
+def test_split_execution_approaches_full_precision_as_r_grows(src):
+    toks = torch.tensor([1, 50, 300, 2000, 7, 8, 9, 4000, 12, 13])
+    full = load_model(src, n_ctx=32)
+    ref = torch.log_softmax(full.net.forward(toks, 0, full.net.new_cache(32)).double(), -1)
+    kls = []
+    for r in (0, 2, 4):
+        m = load_model(src, n_ctx=32, critical=r)
+        assert m.critical == r
+        out = torch.log_softmax(m.net.forward(toks, 0, m.net.new_cache(32)).double(), -1)
+        kls.append(float((ref.exp() * (ref - out)).sum(-1).mean()))
+        assert m.net.critical_sizes() == (r,) * 3
+    assert kls[0] > kls[1] > kls[2] > 0
+    notes = []
+    m = load_model(src, n_ctx=32, critical=99, log=notes.append)
+    assert m.critical == 4 and any("using 4" in n for n in notes)
+
+
+def test_interrupted_convert_resumes_and_is_never_taken_for_a_pack(src, tmp_path):
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def crash_in_layer_2(step, done, total):
+        seen.append(done)
+        if done > 2 * total // 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        convert(src, progress=crash_in_layer_2)
+    out = pack_path(src)
+    assert not out.exists() and out.with_name(out.name + ".partial").exists()
+    with pytest.raises(ModelFileError):  # the partial is not a valid GGUF pack
+        verify_pack(out.with_name(out.name + ".partial"), source_identity(src))
+    notes = []
+    assert convert(src, log=notes.append) == out
+    assert any("resuming" in n and "2 of 3" in n for n in notes)
+    resumed = out.read_bytes()
+    out.unlink()
+    assert convert(src) == out and out.read_bytes() == resumed  # same bytes as a clean run
+    assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_tampered_or_stale_pack_is_rebuilt(src):
+    out = convert(src)
+    data = bytearray(out.read_bytes())
+    i = data.find(b"rapidmoe.pack.index_sha256")
+    data[i + 60] ^= 0x01  # one hex digit of the stored digest
+    out.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="checksum"):
+        verify_pack(out, source_identity(src))
+    notes = []
+    assert convert(src, log=notes.append) == out
+    assert any("rebuilding" in n for n in notes)
+    verify_pack(out, source_identity(src))
+    os.utime(src, ns=(1, 1))  # the source changed: another key, another pack
+    assert pack_path(src) != out
+
+
+def test_not_enough_disk_is_refused_before_writing(src, tmp_path, monkeypatch):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(mnt))
+        with pytest.raises(UserError, match="not enough disk for the pack: it needs"):
+            convert(src)
+        assert not any(p.name.endswith((".partial", ".rmpack.gguf")) for p in mnt.rglob("*"))
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_cli_critical_flags(src):
+    def cli(*a):
+        return subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", *a], capture_output=True, text=True, timeout=300)
+
+    r = cli("-m", str(src), "-p", "hi", "--critical", "2", "--precision", "full")
+    assert r.returncode == 2 and "exclude" in r.stderr
+    r = cli("-m", str(src), "-p", "hi", "--critical", "x")
+    assert r.returncode == 2
+    r = cli("-m", str(src), "-p", "hi", "--critical", "40", "--max-tokens", "3", "--temp", "0")
+    assert r.returncode == 0 and "using 4" in r.stderr
+    r = cli("convert", "-m", str(src))
+    assert r.returncode == 0 and r.stdout.strip().endswith(".rmpack.gguf")
