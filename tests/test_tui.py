@@ -221,13 +221,14 @@ def test_slash_commands(tmp_path, monkeypatch):
             assert app.clipboard == "print(1)\n"
             await pilot.press("ctrl+b")
             assert app.clipboard == "ls\n"
-            for cmd in ("/rename My plan", "/export out.md", "/stats"):
+            for cmd in ("/rename My [/plan]", "/export out.md", "/stats"):  # markup-like text is text
                 scr.prompt.load_text(cmd)
                 await pilot.press("enter")
                 await pilot.pause(0.05)
-            assert app.store.get_chat(scr.chat.id).title == "My plan"
+            assert app.store.get_chat(scr.chat.id).title == "My [/plan]"
+            assert "My [/plan]" in str(scr.query_one("#title").render())
             md = (tmp_path / "out.md").read_text()
-            assert md.startswith("# My plan") and "## You\n\ncode please" in md and "```sh\nls\n```" in md
+            assert md.startswith("# My [/plan]") and "## You\n\ncode please" in md and "```sh\nls\n```" in md
             assert notes(scr)[-1].startswith("prompt ") and "tok/s" in notes(scr)[-1]
             scr.prompt.load_text("/clear")
             await pilot.press("enter")
@@ -473,5 +474,35 @@ def test_command_palette_runs_our_commands(tmp_path):
             await pilot.press("enter")
             await wait_for(pilot, lambda: not scr.generating and views(scr)[-1] == ("assistant", "two"))
             assert len(backend.calls) == 2 and app.screen is scr
+
+    asyncio.run(main())
+
+
+def test_attach_a_file_and_edit_in_editor(tmp_path, monkeypatch):
+    src = tmp_path / "notes.py"
+    src.write_text("x = '```'\nprint(x)\n")
+    (tmp_path / "blob.bin").write_bytes(b"\0\1\2")
+    editor = tmp_path / "ed.sh"
+    editor.write_text('#!/bin/sh\nprintf " and more" >> "$1"\n')
+    editor.chmod(0o755)
+    monkeypatch.setenv("VISUAL", str(editor))
+
+    async def main():
+        app = make_app(tmp_path, ScriptedBackend())
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            scr.prompt.load_text(f"/attach {src}")
+            await pilot.press("enter")
+            await pilot.pause(0.05)
+            assert scr.prompt.text == "`notes.py`:\n````py\nx = '```'\nprint(x)\n````\n"
+            assert code_blocks(scr.prompt.text) == ["x = '```'\nprint(x)\n"]  # the fence survives
+            scr.prompt.load_text(f"/attach {tmp_path / 'blob.bin'}")
+            await pilot.press("enter")
+            await pilot.pause(0.05)
+            assert "binary" in notes(scr)[-1]
+            scr.prompt.load_text("draft")
+            await pilot.press("f4")
+            await pilot.pause(0.05)
+            assert scr.prompt.text == "draft and more"
 
     asyncio.run(main())

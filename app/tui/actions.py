@@ -174,9 +174,32 @@ class ChatActions:
         try:
             out.write_text(self.app.store.export_markdown(self.chat.id), "utf-8")
         except OSError as e:
-            self.notify(f"cannot write {out}: {e.strerror}", severity="error")
+            self.notify(f"cannot write {out}: {e.strerror}", severity="error", markup=False)
             return
-        self.notify(f"Exported to {out}")
+        self.notify(f"Exported to {out}", markup=False)
+
+    def action_attach(self, path: str) -> None:
+        """Append a text file to the prompt as a fenced block."""
+        from .attach import fenced_file
+
+        block = fenced_file(path)
+        text = self.prompt.text.rstrip()
+        self.prompt.load_text((text + "\n\n" if text else "") + block)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.notify(f"attached {Path(path).name}", timeout=2, markup=False)
+
+    def action_editor(self) -> None:
+        """Edit the prompt in $VISUAL / $EDITOR."""
+        from .attach import edit_in_editor
+
+        try:
+            text = edit_in_editor(self.app, self.prompt.text)
+        except UserError as e:
+            self.note(str(e), "error")
+            return
+        self.prompt.load_text(text)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
 
     def action_stats(self) -> None:
         self.note(self.stats_text())
@@ -244,6 +267,12 @@ class ChatActions:
                 raise UserError(f"no theme {arg!r}; /theme lists them")
             else:
                 self.app.theme = arg
+        elif name == "/attach":
+            if not arg:
+                raise UserError("/attach needs a file path")
+            self.action_attach(arg)
+        elif name == "/editor":
+            self.action_editor()
         elif name == "/help":
             self.action_help()
         elif name == "/quit":

@@ -84,7 +84,7 @@ class ChatApp(App):
             self.theme = self.config.theme
         else:
             self.notify(f"unknown theme {self.config.theme!r} in the config; using {self.theme}",
-                        severity="warning")
+                        severity="warning", markup=False)
         self.theme_changed_signal.subscribe(self, self._save_theme)
         keymap = {a: v for a, v in self.config.keys.items() if a in SCREEN_KEYS or a == "quit"}
         self.set_keymap(keymap)
@@ -102,7 +102,7 @@ class ChatApp(App):
             update_config_file({"ui": {"theme": name}}, self.config.path)
             self.config.theme = name
         except (OSError, UserError) as e:
-            self.notify(f"theme not saved: {e}", severity="warning")
+            self.notify(f"theme not saved: {e}", severity="warning", markup=False)
 
     def on_unmount(self) -> None:
         self.store.close()

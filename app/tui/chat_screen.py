@@ -31,6 +31,7 @@ SCREEN_KEYS = {
     "stop": ("escape", "Stop"), "regenerate": ("ctrl+r", "Regen"), "edit_last": ("ctrl+g", "Edit"),
     "copy_reply": ("ctrl+t", "Copy"), "copy_code": ("ctrl+b", "Code"), "new_chat": ("ctrl+n", "New"),
     "chats": ("ctrl+o", "Chats"), "models": ("ctrl+l", "Models"), "settings": ("ctrl+s", "Settings"),
+    "editor": ("f4", "Editor"),
 }
 
 
@@ -59,7 +60,7 @@ class LoadDone(Message):
 
 
 class ChatScreen(ChatActions, Screen):
-    BINDINGS = [Binding(k, a, label, id=a, priority=True, show=a != "copy_code")
+    BINDINGS = [Binding(k, a, label, id=a, priority=True, show=a not in ("copy_code", "editor"))
                 for a, (k, label) in SCREEN_KEYS.items()]
 
     def __init__(self):
@@ -83,10 +84,10 @@ class ChatScreen(ChatActions, Screen):
         self._warned_ctx = False
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="title")
+        yield Static("", id="title", markup=False)
         yield VerticalScroll(id="log")
         with Horizontal(id="loading"):
-            yield Static("", id="load-what")
+            yield Static("", id="load-what", markup=False)
             yield ProgressBar(id="load-bar", show_eta=False)
         keys = self.app.config.keys
         with Horizontal(id="input-row"):
@@ -124,7 +125,8 @@ class ChatScreen(ChatActions, Screen):
 
     def _set_title(self) -> None:
         title = self.chat.title if self.chat else "New chat"
-        self.query_one("#title", Static).update(f" {title}")
+        model = f"  ·  {self.model.name}" if self.model else ("  ·  loading…" if self.is_loading else "")
+        self.query_one("#title", Static).update(f" {title}{model}")
 
     # --- model loading ---
     def load(self, spec: str) -> None:
@@ -155,9 +157,8 @@ class ChatScreen(ChatActions, Screen):
 
     @on(LoadProgress)
     def _on_load_progress(self, ev: LoadProgress) -> None:
-        pct = f"{100 * ev.done / ev.total:.0f}%" if ev.total else ""
         label = {"load": f"loading layers {ev.done}/{ev.total}",
-                 "convert": f"converting to a residual-split pack (first use only) {pct}",
+                 "convert": "converting to a residual-split pack (first use only)",
                  "demo": "building the demo model (first run only)"}.get(ev.what, ev.what)
         self.query_one("#load-what", Static).update(label)
         self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
@@ -177,6 +178,7 @@ class ChatScreen(ChatActions, Screen):
             self.note(n)
         self.app.store.set_state("last_model", ev.spec)
         self.status.set_model(self.model.name, self.model.placement)
+        self._set_title()
         if self.chat is not None:
             self.app.store.set_model(self.chat.id, ev.spec)
         self.rebuild_engine_chat()

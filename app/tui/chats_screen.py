@@ -90,7 +90,7 @@ class ChatsScreen(ModalScreen[tuple[str, int] | None]):
         try:
             self.app.store.rename_chat(cid, ev.value)
         except UserError as e:
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)
             return
         ev.input.display = False
         self._changed = True
@@ -118,6 +118,6 @@ class ChatsScreen(ModalScreen[tuple[str, int] | None]):
         try:
             out.write_text(self.app.store.export_markdown(cid), "utf-8")
         except OSError as e:
-            self.notify(f"cannot write {out}: {e.strerror}", severity="error")
+            self.notify(f"cannot write {out}: {e.strerror}", severity="error", markup=False)
             return
-        self.notify(f"Exported to {out}")
+        self.notify(f"Exported to {out}", markup=False)

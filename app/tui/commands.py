@@ -27,6 +27,8 @@ SLASH: dict[str, tuple[str, str]] = {
     "/export": ("[PATH]", "export this chat to Markdown"),
     "/copy": ("[code]", "copy the last reply (or its code blocks, one per call)"),
     "/theme": ("[NAME]", "switch theme (saved in the config)"),
+    "/attach": ("PATH", "add a text file to the prompt (as a fenced block)"),
+    "/editor": ("", "edit the prompt in $VISUAL / $EDITOR"),
     "/help": ("", "this help"),
     "/quit": ("", "leave"),
 }
@@ -43,6 +45,7 @@ PALETTE = [
     ("Copy last reply", "to the clipboard", "copy_reply"),
     ("Copy code block", "the last reply's code blocks, one per call", "copy_code"),
     ("Export chat to Markdown", "write this chat to a .md file", "export"),
+    ("Edit prompt in $EDITOR", "write the prompt in your editor", "editor"),
     ("Clear chat", "forget this chat's messages", "clear"),
     ("Show stats", "figures of the last reply", "stats"),
     ("Help", "keys and / commands", "help"),

@@ -13,6 +13,9 @@ class ContextMeter(Static):
         self.ctx_size = 0
         self.reserve = 0  # tokens the next reply may take (max_tokens)
 
+    def on_mount(self) -> None:
+        self.redraw()
+
     def set_usage(self, used: int, size: int, reserve: int = 0) -> None:
         self.ctx_used, self.ctx_size, self.reserve = used, size, reserve
         self.redraw()

@@ -52,7 +52,7 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         think, answer, thinking = self._parts()
         self._shown = {"think": think, "answer": answer}
-        yield Static(self.label, classes="role")
+        yield Static(self.label, classes="role", markup=False)
         box = Collapsible(title=_think_title(think, thinking), collapsed=True, classes="think")
         box.display = bool(think) or thinking
         with box:

@@ -12,9 +12,15 @@ from textual.widgets import Static
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values, top: int | None = None) -> str:
+def sparkline(values, top: int | None = None, width: int = 24) -> str:
+    """One block per layer; more layers than `width` are averaged in equal buckets."""
     if not values:
         return ""
+    values = list(values)
+    if len(values) > width:
+        n = len(values)
+        values = [sum(values[i * n // width:(i + 1) * n // width]) / len(values[i * n // width:(i + 1) * n // width])
+                  for i in range(width)]
     hi = max(top or 0, max(values), 1)
     return "".join(SPARK[min(len(SPARK) - 1, int(v * (len(SPARK) - 1) / hi + 0.5))] for v in values)
 
@@ -92,10 +98,10 @@ class StatusBar(Static):
             return "—" if v is None else format(v, fmt)
 
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(f" {self.model} ", style="bold")
         if self.state:
-            t.append(f"{self.state} ", style="italic")
-        t.append("│ decode ")
+            t.append(f" {self.state} ", style="italic")
+            t.append("│")
+        t.append(" decode ")
         t.append(num(self.decode_tok_s, ".1f"), style="bold")
         t.append(" tok/s │ prompt ")
         t.append(num(self.prompt_tok_s, ".0f"), style="bold")
