@@ -105,6 +105,8 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
         extra = _deepseek2_extra(key, head_dim, n_embd // n_head)
         n_layer -= extra["n_layer_nextn"]  # next-token-prediction blocks sit after the trunk
         n_ff_shexp = key("expert_feed_forward_length", 0) * key("expert_shared_count", 0)
+        if f"{arch}.expert_gating_func" not in meta and n_layer in (47, 48) and n_vocab == 154880:
+            gating = GATING_SIGMOID  # llama.cpp's default for GLM-4.7-Flash files without the key
     cfg = ModelConfig(
         arch=arch,
         n_layer=n_layer,
@@ -159,6 +161,9 @@ def _deepseek2_extra(key, head_dim: int, head_dim_default: int) -> dict[str, Any
         # converters write 0.1 * mscale_all_dim; llama.cpp divides the 0.1 back out
         "yarn_log_mul": float(np.float32(log_mul) / np.float32(0.1)) if log_mul else 0.0,
         "rope_attn_factor": key("rope.scaling.attn_factor", 1.0, float),
+        # position-dependent query scaling (Mistral Large 3 in this architecture)
+        "attn_temp_scale": key("attention.temperature_scale", 0.0, float),
+        "attn_temp_length": key("attention.temperature_length", 0),
     }
 
 
@@ -191,5 +196,7 @@ def _validate(c: ModelConfig, path: str) -> None:
             bad(f"bad MLA sizes: key length {hk}, rope dims {c.rope_dim}, kv_lora_rank {kv}")
         if c.n_layer <= 0 or c.n_layer_dense_lead > c.n_layer:
             bad("bad nextn_predict_layers / leading_dense_block_count")
+        if c.get("attn_temp_scale") and c.get("attn_temp_length") <= 0:
+            bad("attention.temperature_scale needs a positive attention.temperature_length")
         if c.get("rope_scaling") not in ("none", "linear", "yarn"):
             bad(f"unsupported rope.scaling.type {c.get('rope_scaling')!r}")

@@ -16,25 +16,29 @@ import numpy as np
 
 from .synth_arch import TensorSpec
 
+# V2-Lite: no q LoRA, softmax gating (no gating key: llama.cpp's default), no
+# top-k renormalisation; YaRN with V2's mscale_all_dim 0.707.
+_LITE = dict(n_embd=64, n_layer=3, n_head=4, q_lora_rank=0, kv_lora_rank=32, qk_nope=16, qk_rope=16,
+             v_head=16, n_ff=96, n_ff_exp=32, n_expert=8, n_expert_used=2, n_expert_shared=2,
+             n_layer_dense_lead=1, gating=0, weights_norm=None, weights_scale=1.0,
+             rope_factor=4.0, yarn_orig_ctx=4096, yarn_log_mul=0.0707, n_ctx=16384)
+# V3/R1: q LoRA, sigmoid gating + selection bias, normalised and scaled weights,
+# group-limited top-k, YaRN with mscale_all_dim 1.
 _V3 = dict(n_embd=64, n_layer=3, n_head=4, q_lora_rank=48, kv_lora_rank=32, qk_nope=16, qk_rope=16,
            v_head=16, n_ff=96, n_ff_exp=32, n_expert=8, n_expert_used=3, n_expert_shared=1,
            n_layer_dense_lead=1, gating=2, weights_norm=True, weights_scale=2.5, n_group=4, n_group_used=2,
            exp_probs_b=True, rope_factor=40.0, yarn_orig_ctx=4096, yarn_log_mul=0.1, n_ctx=163840)
 PRESETS: dict[str, dict] = {
-    # V2-Lite: no q LoRA, softmax gating (no gating key: llama.cpp's default), no
-    # top-k renormalisation; YaRN with V2's mscale_all_dim 0.707.
-    "ds2_lite": dict(n_embd=64, n_layer=3, n_head=4, q_lora_rank=0, kv_lora_rank=32, qk_nope=16, qk_rope=16,
-                     v_head=16, n_ff=96, n_ff_exp=32, n_expert=8, n_expert_used=2, n_expert_shared=2,
-                     n_layer_dense_lead=1, gating=0, weights_norm=None, weights_scale=1.0,
-                     rope_factor=4.0, yarn_orig_ctx=4096, yarn_log_mul=0.0707, n_ctx=16384),
-    # V3/R1: q LoRA, sigmoid gating + selection bias, normalised and scaled
-    # weights, group-limited top-k, YaRN with mscale_all_dim 1.
+    "ds2_lite": _LITE,
     "ds2_v3": _V3,
     "ds2_v3_nogroup": {**_V3, "n_group": 0, "n_group_used": 0},
     # the same weights as ds2_v3 with the value/key up-projections in one attn_kv_b
     "ds2_v3_legacy": {**_V3, "legacy_kv_b": True},
     # ds2_v3 plus one MTP block after the trunk (llama.cpp skips it)
     "ds2_v3_mtp": {**_V3, "n_nextn": 1},
+    # llama.cpp's per-position query temperature (Mistral Large 3 files use this
+    # architecture), with a short temperature_length so it varies within a prompt
+    "ds2_lite_temp": {**_LITE, "attn_temp_scale": 0.1, "attn_temp_length": 8},
 }
 
 
@@ -64,6 +68,8 @@ class DS2Shape:
     yarn_orig_ctx: int = 4096
     yarn_log_mul: float = 0.0
     legacy_kv_b: bool = False
+    attn_temp_scale: float = 0.0  # 0: no temperature keys
+    attn_temp_length: int = 0
     n_nextn: int = 0
     arch: str = "deepseek2"
     n_vocab: int = 0  # filled from the tokenizer
@@ -195,6 +201,9 @@ def hparam_kvs(s: DS2Shape) -> list[tuple[str, object, str]]:
         kv += [("rope.scaling.type", "yarn", "str"), ("rope.scaling.factor", s.rope_factor, "f32"),
                ("rope.scaling.original_context_length", s.yarn_orig_ctx, "u32"),
                ("rope.scaling.yarn_log_multiplier", s.yarn_log_mul, "f32")]
+    if s.attn_temp_scale:
+        kv += [("attention.temperature_scale", s.attn_temp_scale, "f32"),
+               ("attention.temperature_length", s.attn_temp_length, "u32")]
     if s.n_nextn:
         kv.append(("nextn_predict_layers", s.n_nextn, "u32"))
     kv.append(("vocab_size", s.n_vocab, "u32"))

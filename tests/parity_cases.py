@@ -15,12 +15,14 @@ CASES: dict[str, object] = {
     "olmoe": ("olmoe", "f32"),
     "qwen3moe_f16": ("qwen3moe", "f16"),
     # deepseek2 (engine/synth_deepseek2.py): V2-Lite, V3 with and without expert
-    # groups, V3 in the legacy attn_kv_b layout, V3 with an MTP block
+    # groups, V3 in the legacy attn_kv_b layout, V3 with an MTP block, Lite with
+    # the per-position query temperature
     "ds2_lite": ("ds2_lite", "f32"),
     "ds2_v3": ("ds2_v3", "f32"),
     "ds2_v3_nogroup": ("ds2_v3_nogroup", "f32"),
     "ds2_v3_legacy": ("ds2_v3_legacy", "f32"),
     "ds2_v3_mtp": ("ds2_v3_mtp", "f32"),
+    "ds2_lite_temp": ("ds2_lite_temp", "f32"),
     "demo": "demo",
 }
 SEED = 1234

@@ -74,11 +74,24 @@ def test_v3_config_values():
     assert config_from_metadata(meta).get("q_lora_rank") == 0
 
 
+def test_gating_default_as_llama_cpp():
+    """Files without expert_gating_func: softmax (DeepSeek-V2), except the
+    GLM-4.7-Flash shape, where llama.cpp assumes sigmoid."""
+    from rapidmoe.engine.config import GATING_SIGMOID, GATING_SOFTMAX
+
+    meta = v3_metadata(block_count=47, nextn_predict_layers=0)
+    del meta["deepseek2.expert_gating_func"]
+    assert config_from_metadata(meta).gating == GATING_SOFTMAX
+    meta["tokenizer.ggml.tokens"] = ["a"] * 154880
+    assert config_from_metadata(meta).gating == GATING_SIGMOID
+
+
 @pytest.mark.parametrize("over, why", [
     ({"attention.kv_lora_rank": 0}, "MLA sizes"),
     ({"rope.dimension_count": 192}, "MLA sizes"),
     ({"nextn_predict_layers": 62}, "block_count"),
     ({"rope.scaling.type": "longrope"}, "rope.scaling.type"),
+    ({"attention.temperature_scale": 0.1}, "temperature_length"),
 ])
 def test_bad_deepseek2_metadata(over, why):
     with pytest.raises(ModelFileError, match=why):

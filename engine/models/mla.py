@@ -108,6 +108,10 @@ class MLAttention:
         keys = rows[:S]  # [S, kv + rope]
 
         qcat = torch.cat([q_lat, q_pe], dim=-1)  # [T, nh, kv + rope]
+        if cfg.get("attn_temp_scale"):  # llama.cpp's per-position query temperature
+            pos = torch.arange(pos0, S, dtype=torch.float64)
+            temp = torch.log(torch.floor(pos / cfg.get("attn_temp_length")) + 1) * cfg.get("attn_temp_scale") + 1
+            qcat = qcat * temp.float()[:, None, None]
         o_lat = torch.empty(T, nh, kv)
         step = max(1, _SCORES_MAX // (nh * S))  # queries per block: bounds the [t, nh, S] scores
         for t0 in range(0, T, step):
