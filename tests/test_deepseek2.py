@@ -156,7 +156,7 @@ def test_mtp_block_is_skipped(files):
     assert torch.equal(_run(trunk, toks, 2)[0], _run(mtp, toks, 2)[0])
 
 
-def _mha_reference(attn, x, positions):
+def _mha_reference(attn, x):
     """Attention without absorption: K and V decompressed per head (DeepSeek's
     published form), from the layer's own weights. x [T, H] -> [T, H]."""
     cfg = attn.cfg
@@ -183,7 +183,7 @@ def test_absorbed_decode_matches_multi_head_attention(files, preset):
     model = load_model(files[preset], n_ctx=64)
     attn = model.net.blocks[1].attn
     x = torch.randn(12, model.cfg.n_embd, generator=torch.Generator().manual_seed(0))
-    want = _mha_reference(attn, x, range(12))
+    want = _mha_reference(attn, x)
     prefill = attn(x, 0, model.net.new_cache(64))
     cache = model.net.new_cache(64)
     steps = torch.cat([attn(x[t:t + 1], t, cache) for t in range(12)])  # one token at a time
