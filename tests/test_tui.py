@@ -506,3 +506,46 @@ def test_attach_a_file_and_edit_in_editor(tmp_path, monkeypatch):
             assert scr.prompt.text == "draft and more"
 
     asyncio.run(main())
+
+
+def test_download_from_a_local_hub_shows_progress_cancels_and_resumes(tmp_path, monkeypatch):
+    """A REPO:QUANT typed in the TUI is pulled from a real HTTP server (tests/hub_server.py)
+    with progress in the loading panel; Esc cancels it, a second try finishes and loads."""
+    from hub_server import FakeHub
+
+    from rapidmoe.app.tui.backend import EngineBackend
+    from rapidmoe.engine.synth import write_synthetic
+
+    data = write_synthetic(tmp_path / "m.gguf", "olmoe", seed=5, dtype="f32").read_bytes()
+    hub = FakeHub().start()
+    hub.add_repo("org/Tiny-TUI-GGUF", {"tiny-Q8_0.gguf": data})
+    hub.stall_after[FakeHub.sha256(data)] = len(data) // 3
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    spec = "org/Tiny-TUI-GGUF:q8_0"
+
+    async def main():
+        app = make_app(tmp_path, EngineBackend(critical=None), model=spec)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            what = scr.query_one("#load-what")
+            await wait_for(pilot, lambda: "download tiny-Q8_0.gguf (1/1)" in str(what.render()))
+            assert scr.query_one("#load-bar").total == len(data)
+            await pilot.press("escape")
+            hub.release.set()  # the stalled transfer moves again and meets the cancel
+            await wait_for(pilot, lambda: not scr.is_loading, timeout=30)
+            assert scr.model is None and "loading cancelled" in notes(scr)[-1]
+            scr.prompt.load_text(f"/model {spec}")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: scr.model is not None, timeout=60)
+            assert scr.model.spec == spec and app.store.get_state("last_model") == spec
+        gets = hub.requests("cdn", "GET")
+        ranges = [g.headers.get("Range") or g.headers.get("range") for g in gets]
+        assert ranges == [None, f"bytes={len(data) // 3}-"]  # the second try resumed the partial file
+
+    try:
+        asyncio.run(main())
+    finally:
+        hub.stop()
