@@ -14,13 +14,13 @@
 //   digit decode: u <- 3u; d = u >> 8; u &= 255  (5 times from u = byte)
 //
 // WR  2.63 bpw (+2 bytes per row), residual of gate/up. Row = f16 D, then
-//     ceil(n/64) blocks of 21 bytes, 5 levels r in {-2..2}:
+//     ceil(n/64) blocks of 21 bytes, 5 levels L[d] = {-2.25,-1,0,1,2.25}, d in 0..4:
 //
 //   bytes 0-15 : lo16[g]  g = 0..7         code v_g bits 15:0
 //   bytes 16-18: 24-bit LE, bits 3g+2:3g   code v_g bits 18:16
 //   bytes 19-20: 16-bit LE, bits 4s+3:4s   sub-scale code k_s, s = 0..3
-//   v_g = ceil(c*2^19/5^8), c = sum_i (r_ig+2)*5^(7-i); digit i = weight 8i+g
-//   w = D * 2^(-k_s/4) * r   for weights 16s..16s+15
+//   v_g = ceil(c*2^19/5^8), c = sum_i d_ig*5^(7-i); digit i = weight 8i+g
+//   w = D * 2^(-k_s/4) * L[d]   for weights 16s..16s+15
 //   digit decode: u <- 5u; d = u >> 19; u &= 2^19-1  (8 times from u = v)
 //
 // D4  4.52 bpw (+4 bytes per row), CPU copy of down_proj. Row = f16 D, f16 M,

@@ -38,6 +38,7 @@ void dequant_row_wq_scalar(const uint8_t* q, size_t nb, float* out) {
 }
 
 void dequant_row_wr_scalar(const uint8_t* q, size_t nb, float* out) {
+  static const float kLv[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};  // WR levels by digit
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
   q += 2;
   for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
@@ -49,7 +50,7 @@ void dequant_row_wr_scalar(const uint8_t* q, size_t nb, float* out) {
       uint32_t u = (q[2 * g] | ((uint32_t)q[2 * g + 1] << 8)) | (((hi >> (3 * g)) & 7u) << 16);
       for (int i = 0; i < 8; ++i) {
         u *= 5;
-        out[8 * i + g] = dr[i >> 1] * (float)((int)(u >> 19) - 2);
+        out[8 * i + g] = dr[i >> 1] * kLv[u >> 19];
         u &= (1u << 19) - 1;
       }
     }

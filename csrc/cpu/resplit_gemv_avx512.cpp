@@ -45,7 +45,8 @@ void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
   q += 2;
   // Lanes 0-7: digit 2s of groups 0-7; lanes 8-15: digit 2s+1. One 16-float store per sub-block.
   const __m512i sh = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
-  const __m512i seven = _mm512_set1_epi32(7), mask = _mm512_set1_epi32((1 << 19) - 1), two = _mm512_set1_epi32(2);
+  const __m512i seven = _mm512_set1_epi32(7), mask = _mm512_set1_epi32((1 << 19) - 1);
+  const __m512 lv = _mm512_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);  // WR levels
   const __m512i p01 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 5, 5, 5, 5, 5, 5, 5, 5);
   const __m512i p25 = _mm512_set1_epi32(25);
   for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
@@ -59,8 +60,8 @@ void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
     for (int s = 0; s < 4; ++s) {
       const __m512 dr = _mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]);
       const __m512i u5 = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));
-      const __m512i d = _mm512_sub_epi32(_mm512_srli_epi32(u5, 19), two);
-      _mm512_storeu_ps(out + 16 * s, _mm512_mul_ps(dr, _mm512_cvtepi32_ps(d)));
+      const __m512i d = _mm512_srli_epi32(u5, 19);
+      _mm512_storeu_ps(out + 16 * s, _mm512_mul_ps(dr, _mm512_permutexvar_ps(d, lv)));
       u = _mm512_and_si512(_mm512_mullo_epi32(u, p25), mask);
     }
   }

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "convert.h"
+#include "isa.h"
 #include "resplit.h"
+#include "resplit_search.h"
 #include "threadpool.h"
 
 namespace rmoe {
@@ -21,16 +23,11 @@ const float kWrTable[16] = {
 
 namespace {
 
-// WQ block scale candidates for the joint search: fractions of max|w| (oracle WQ_FRACS).
-const float kWqFracs[25] = {
-    0x1.333334p-2f, 0x1.4ccccc00p-2f, 0x1.666666p-2f, 0x1.800000p-2f, 0x1.99999ap-2f, 0x1.b33334p-2f,
-    0x1.ccccccp-2f, 0x1.e66666p-2f, 0x1.000000p-1f, 0x1.0ccccc0p-1f, 0x1.19999ap-1f, 0x1.266666p-1f,
-    0x1.333334p-1f, 0x1.400000p-1f, 0x1.4ccccc0p-1f, 0x1.59999ap-1f, 0x1.666666p-1f, 0x1.733334p-1f,
-    0x1.800000p-1f, 0x1.8ccccc0p-1f, 0x1.99999ap-1f, 0x1.a66666p-1f, 0x1.b33334p-1f, 0x1.c00000p-1f,
-    0x1.ccccccp-1f};
-constexpr float kWqAlonePenalty = 0.0f;
+// WQ scale candidates of the joint search: (float)(0.3 + 0.05 i) of max|w| (oracle FRACS).
+float wq_frac(int i) { return (float)(0.3 + 0.05 * i); }
+constexpr int kWqFracs = 13;
+constexpr float kWrLevels[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};
 constexpr float kWrDiv = 8.0f;
-constexpr int kWrWindow = 4;
 constexpr int kD4Steps = 20;
 
 // Round-half-even as np.rint, without a libm call: exact for |x| < 2^22; larger
@@ -84,45 +81,63 @@ void pack_wq(const float* t, uint32_t code, uint8_t* out) {
   out[7] = (uint8_t)(code >> 4);
 }
 
-// Squared error of 16 residuals quantized to 5 levels of step dr.
-float wr_err16(const float* e, float dr) {
-  float acc = 0.f;
-  if (!(dr > 0.f)) {
-    for (int j = 0; j < 16; ++j) acc = acc + e[j] * e[j];
-    return acc;
-  }
-  const float inv = 1.0f / dr;
-  float d[16];
-  for (int j = 0; j < 16; ++j) {
-    const float diff = e[j] - dr * clampf(rnd(e[j] * inv), -2.f, 2.f);
-    d[j] = diff * diff;
-  }
-  for (int j = 0; j < 16; ++j) acc = acc + d[j];
-  return acc;
+HalfScoresFn half_scores_fn() {
+  static const Isa isa = active_isa();
+#if RMOE_X86
+  if (isa == Isa::Avx512) return half_scores_avx512;
+  if (isa == Isa::Avx2) return half_scores_avx2;
+#endif
+  return half_scores_scalar;
 }
 
-// Best WR sub-scale codes for residual e[32] near the nested step dq/5.
-float wr_search(const float* e, float D, float dq, int* kbest) {
-  const float target = dq / 5.0f;
-  int kc = 0;
-  float bd = 0.f;
-  for (int k = 0; k < 16; ++k) {
-    const float dist = std::fabs(D * kWrTable[k] - target);
-    if (k == 0 || dist < bd) { bd = dist; kc = k; }
-  }
-  float best[2] = {INFINITY, INFINITY};
-  kbest[0] = kbest[1] = 0;
-  for (int off = -kWrWindow; off <= kWrWindow; ++off) {
-    const int k = kc + off;
-    if (k < 0 || k > 15) continue;
-    const float dr = D * kWrTable[k];
-    for (int s = 0; s < 2; ++s) {
-      const float err = wr_err16(e + 16 * s, dr);
-      if (err < best[s]) { best[s] = err; kbest[s] = k; }
+// WR level digit (0..4) of z: the scalar twin of the SIMD compare chain.
+int wr_digit(float z) {
+  const float a = std::fabs(z);
+  const int idx = a < 0.5f ? 0 : (a < 1.625f ? 1 : 2);
+  return z < 0.f ? 2 - idx : 2 + idx;
+}
+
+// Final choice for 16 weights given dq and dr: ternary cell and WR digit per weight.
+void half_encode(const float* xs, float dq, float dr, float* t, int* dig) {
+  const float inv = dr > 0.f ? 1.0f / dr : 0.f;
+  for (int j = 0; j < 16; ++j) {
+    float best = 0.f;
+    for (int tv = -1; tv <= 1; ++tv) {
+      const float e = xs[j] - dq * (float)tv;
+      const int d = wr_digit(e * inv);
+      const float diff = e - dr * kWrLevels[d];
+      const float sc = diff * diff + kMu * (e * e);
+      if (tv == -1 || sc < best) { best = sc; t[j] = (float)tv; dig[j] = d; }
     }
   }
-  return best[0] + best[1];
 }
+
+}  // namespace
+
+void half_scores_scalar(const float* xs, float dq, float D, float* scores) {
+  float e[3][16], m[3][16];
+  for (int t = 0; t < 3; ++t)
+    for (int j = 0; j < 16; ++j) {
+      e[t][j] = xs[j] - dq * (float)(t - 1);
+      m[t][j] = kMu * (e[t][j] * e[t][j]);
+    }
+  for (int k = 0; k < 16; ++k) {
+    const float dr = D * kWrTable[k], inv = dr > 0.f ? 1.0f / dr : 0.f;
+    float best[16];
+    for (int t = 0; t < 3; ++t)
+      for (int j = 0; j < 16; ++j) {
+        const float diff = e[t][j] - dr * kWrLevels[wr_digit(e[t][j] * inv)];
+        const float sc = diff * diff + m[t][j];
+        if (t == 0 || sc < best[j]) best[j] = sc;
+      }
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; ++i) s8[i] = best[i] + best[i + 8];
+    for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+    scores[k] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  }
+}
+
+namespace {
 
 void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
   const size_t nb = (n + 31) / 32;
@@ -145,8 +160,9 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   const uint16_t Dbits = f32_to_f16_bits(D);
   wr[0] = (uint8_t)(Dbits & 0xFF);
   wr[1] = (uint8_t)(Dbits >> 8);
-  float t[32], e[32], r[64];
-  int kk[4];
+  const HalfScoresFn half_scores = half_scores_fn();
+  float t[32], sc[16];
+  int dig[64], kk[4];
   for (size_t b64 = 0; b64 < nb64; ++b64) {
     for (int half = 0; half < 2; ++half) {
       const size_t b = 2 * b64 + half;
@@ -156,28 +172,25 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       float best = INFINITY;
       uint32_t best_code = 0;
       int best_k[2] = {0, 0};
-      for (int c = 0; c < 26; ++c) {
-        const float d = c == 0 ? wq_alone_scale(x) : am * kWqFracs[c - 1];
+      for (int c = 0; c <= kWqFracs; ++c) {
+        const float d = c == 0 ? wq_alone_scale(x) : am * wq_frac(c - 1);
         const uint32_t code = scale12_encode(d);
         const float dq = scale12_decode(code);
-        tern(x, dq, t);
-        float ewq = 0.f;
-        for (int j = 0; j < 32; ++j) {
-          e[j] = x[j] - dq * t[j];
-          ewq = ewq + e[j] * e[j];
-        }
+        float total = 0.f;
         int k[2];
-        const float comb = wr_search(e, D, dq, k);
-        const float score = comb + kWqAlonePenalty * ewq;
-        if (score < best) { best = score; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
+        for (int s = 0; s < 2; ++s) {
+          half_scores(x + 16 * s, dq, D, sc);
+          float hb = INFINITY;
+          k[s] = 0;
+          for (int kk2 = 0; kk2 < 16; ++kk2)
+            if (sc[kk2] < hb) { hb = sc[kk2]; k[s] = kk2; }
+          total = s == 0 ? hb : total + hb;
+        }
+        if (total < best) { best = total; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
       }
       const float dq = scale12_decode(best_code);
-      tern(x, dq, t);
-      for (int j = 0; j < 32; ++j) {
-        const float ej = x[j] - dq * t[j];
-        const float dr = D * kWrTable[best_k[j / 16]];
-        r[32 * half + j] = dr > 0.f ? clampf(rnd(ej * (1.0f / dr)), -2.f, 2.f) : 0.f;
-      }
+      for (int s = 0; s < 2; ++s)
+        half_encode(x + 16 * s, dq, D * kWrTable[best_k[s]], t + 16 * s, dig + 32 * half + 16 * s);
       kk[2 * half] = best_k[0];
       kk[2 * half + 1] = best_k[1];
       if (b < nbq) pack_wq(t, best_code, wq + 8 * b);  // WR pads to 64, WQ to 32
@@ -186,7 +199,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
     uint32_t hi = 0;
     for (int g = 0; g < 8; ++g) {
       int64_t c = 0;
-      for (int i = 0; i < 8; ++i) c = c * 5 + (int64_t)(r[8 * i + g] + 2.f);
+      for (int i = 0; i < 8; ++i) c = c * 5 + dig[8 * i + g];
       const int64_t v = (c * (1 << 19) + 390624) / 390625;
       blk[2 * g] = (uint8_t)(v & 0xFF);
       blk[2 * g + 1] = (uint8_t)((v >> 8) & 0xFF);

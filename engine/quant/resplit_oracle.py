@@ -2,7 +2,8 @@
 
 The C++ quantizers (csrc/cpu/resplit_quant.cpp) must reproduce these bytes
 exactly, so every float step here is float32, every reduction runs in a fixed
-sequential order, and rounding is round-half-even (np.rint == nearbyintf).
+order (sequential, or the 16-lane tree of resplit_joint.tree16), and rounding
+is round-half-even.
 
 WQ  low-bit part of gate/up/down, 2.0 bpw.  Row = ceil(n/32) blocks of 8 bytes.
     Ternary t in {-1,0,1} with one scale per 32 weights.
@@ -17,13 +18,14 @@ WQ  low-bit part of gate/up/down, 2.0 bpw.  Row = ceil(n/32) blocks of 8 bytes.
       decode digit i of a byte b: u = b*3^i mod 256 ... d_i = (3*u) >> 8
 
 WR  residual of gate/up after WQ, 2.63 bpw (+2 bytes per row).
-    Row = f16 D, then ceil(n/64) blocks of 21 bytes; 5 levels r in {-2..2}.
+    Row = f16 D, then ceil(n/64) blocks of 21 bytes; 5 levels
+    r = WR_LEVELS[d] = {-2.25, -1, 0, 1, 2.25}[d], d in 0..4.
 
       bytes 0-15 : lo16[g], g = 0..7      (code v_g bits 15:0)
       bytes 16-18: 24 bits, hi3[g] at bits 3g+2:3g   (v_g bits 18:16)
       bytes 19-20: 16 bits, k_s at bits 4s+3:4s, s = 0..3 (one per 16 weights)
-      v_g = ceil(c*2^19/5^8), c = sum_i (r_ig+2)*5^(7-i): digit i = weight 8i+g
-      sub-scale of weights 16s..16s+15: D * 2^(-k_s/4)
+      v_g = ceil(c*2^19/5^8), c = sum_i d_ig*5^(7-i): digit i = weight 8i+g
+      w = D * 2^(-k_s/4) * WR_LEVELS[d]   for weights 16s..16s+15
 
 D4  CPU copy of down_proj, 4.5 bpw (+4 bytes per row).
     Row = f16 D, f16 M, then ceil(n/32) blocks of 18 bytes.
@@ -32,9 +34,10 @@ D4  CPU copy of down_proj, 4.5 bpw (+4 bytes per row).
       byte 16   : sc (u8)    byte 17: mn (u8)
       w = (D*sc)*q - (M*mn)
 
-WQ and WR are designed together (a nested grid): WQ's block scale is picked
-among candidates for the error of deq(WQ)+deq(WR) (WQ alone then loses ~13% RMSE against its own best
-scale), so WR's 5 levels refine the chosen ternary cell; the residual of an
+WQ and WR are designed together (a nested grid, resplit_joint.py): per 32
+weights WQ's scale, each weight's ternary cell and WR's two sub-scales are
+searched jointly for the error of deq(WQ)+deq(WR) plus a small penalty on the
+error of WQ alone; WR's levels then refine the chosen cell. A residual of an
 independently chosen WQ would need ~7 levels for the same error.
 """
 from __future__ import annotations
@@ -45,12 +48,9 @@ WQ_BLOCK, WQ_BYTES = 32, 8
 WR_BLOCK, WR_BYTES, WR_HEADER = 64, 21, 2
 D4_BLOCK, D4_BYTES, D4_HEADER = 32, 18, 4
 
-# Candidate WQ scales for the joint search, as fractions of the block's max|w|.
-WQ_FRACS = np.array([0.3 + 0.025 * i for i in range(25)], np.float32)
-WQ_ALONE_PENALTY = np.float32(0.0)   # weight of WQ-alone error in the joint score (0: combined only)
 WR_DIV = np.float32(8.0)             # row header D = max|w| / 8
 WR_TABLE = np.array([2.0 ** (-k / 4.0) for k in range(16)], np.float32)
-WR_WINDOW = 4                        # sub-scale codes tried around the nested one
+WR_LEVELS = np.array([-2.25, -1.0, 0.0, 1.0, 2.25], np.float32)
 D4_STEPS = 20                        # scale search steps per 32 weights
 
 _F32 = np.float32
@@ -125,35 +125,6 @@ def _wq_alone_scale(x: np.ndarray) -> np.ndarray:
     return (cs[np.arange(len(x)), best] / k[best]).astype(np.float32)
 
 
-def _wr_search(e: np.ndarray, D: np.ndarray, dq: np.ndarray):
-    """Best WR sub-scale code per 16 weights for residual e [B,32] given WQ scale dq [B].
-
-    Returns (k [B,2] int, err [B] float32 summed over both sub-blocks).
-    """
-    B = e.shape[0]
-    target = dq / _F32(5.0)
-    tab = D[:, None] * WR_TABLE[None, :]                  # [B,16]
-    kc = np.argmin(np.abs(tab - target[:, None]), axis=1)  # nested code
-    best_err = np.full((B, 2), np.inf, np.float32)
-    best_k = np.zeros((B, 2), np.int64)
-    for off in range(-WR_WINDOW, WR_WINDOW + 1):
-        k = kc + off
-        valid = (k >= 0) & (k <= 15)
-        kk = np.clip(k, 0, 15)
-        dr = (D * WR_TABLE[kk]).astype(np.float32)
-        for s in range(2):
-            es = e[:, 16 * s:16 * s + 16]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.clip(np.rint(es * (_F32(1) / dr)[:, None]), -2, 2)
-            r = np.where(dr[:, None] > 0, r, 0).astype(np.float32)
-            diff = es - dr[:, None] * r
-            err = _seqsum(diff * diff)
-            upd = valid & (err < best_err[:, s])
-            best_err[:, s] = np.where(upd, err, best_err[:, s])
-            best_k[:, s] = np.where(upd, kk, best_k[:, s])
-    return best_k, best_err[:, 0] + best_err[:, 1]
-
-
 def _pack_wq(t: np.ndarray, code: np.ndarray) -> np.ndarray:
     """t [B,32] in {-1,0,1}, code [B] 12-bit -> [B,8] uint8."""
     u = (t + 1).astype(np.int64)
@@ -211,7 +182,9 @@ def dequantize_wq(q: np.ndarray, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- WQ + WR jointly
 def quantize_wq_wr(w: np.ndarray):
-    """gate/up: (WQ bytes, WR bytes), WQ's scale chosen for deq(WQ)+deq(WR)."""
+    """gate/up: (WQ bytes, WR bytes), searched jointly (resplit_joint.py)."""
+    from .resplit_joint import joint_search
+
     shape = w.shape
     n = shape[-1]
     rows = _pad_rows(w, WR_BLOCK)                       # [R, n64]
@@ -220,45 +193,18 @@ def quantize_wq_wr(w: np.ndarray):
     for j in range(n64):
         amax_row = np.maximum(amax_row, np.abs(rows[:, j]))
     D = _f16(amax_row / WR_DIV)                         # [R]
-    x = rows.reshape(-1, 32)                            # [B,32], B = R*n64/32
-    Db = np.repeat(D, n64 // 32)
-    am = np.zeros(len(x), np.float32)
-    for j in range(32):
-        am = np.maximum(am, np.abs(x[:, j]))
-    cands = [_wq_alone_scale(x)] + [am * f for f in WQ_FRACS]
-    best = np.full(len(x), np.inf, np.float32)
-    best_code = np.zeros(len(x), np.uint32)
-    best_k = np.zeros((len(x), 2), np.int64)
-    for d in cands:
-        code = _scale12_encode(d)
-        dq = _scale12_decode(code)
-        t = _tern_codes(x, dq)
-        e = x - dq[:, None] * t
-        k, comb = _wr_search(e, Db, dq)
-        score = comb + WQ_ALONE_PENALTY * _seqsum(e * e)
-        upd = score < best
-        best = np.where(upd, score, best)
-        best_code = np.where(upd, code, best_code)
-        best_k = np.where(upd[:, None], k, best_k)
-    dq = _scale12_decode(best_code)
-    t = _tern_codes(x, dq)
-    e = x - dq[:, None] * t
-    dr = (Db[:, None] * WR_TABLE[best_k]).astype(np.float32)  # [B,2]
-    drw = np.repeat(dr, 16, axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.clip(np.rint(e * (_F32(1) / drw)), -2, 2)
-    r = np.where(drw > 0, r, 0)
+    code, t, k, d = joint_search(rows.reshape(-1, 32), np.repeat(D, n64 // 32))
     nbq = -(-n // WQ_BLOCK)  # WR pads to 64; WQ keeps only its own 32-blocks
-    wq = _pack_wq(t, best_code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))
-    wr = _pack_wr(r.reshape(R, n64), best_k.reshape(R, -1), D)
+    wq = _pack_wq(t, code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))
+    wr = _pack_wr(d.reshape(R, n64), k.reshape(R, -1), D)
     return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))
 
 
-def _pack_wr(r: np.ndarray, k: np.ndarray, D: np.ndarray) -> np.ndarray:
-    """r [R,n64] in -2..2, k [R,n64/16], D [R] -> [R, 2 + nb*21] uint8."""
-    R, n64 = r.shape
+def _pack_wr(d: np.ndarray, k: np.ndarray, D: np.ndarray) -> np.ndarray:
+    """d [R,n64] level digits 0..4, k [R,n64/16], D [R] -> [R, 2 + nb*21] uint8."""
+    R, n64 = d.shape
     nb = n64 // 64
-    u = (r + 2).astype(np.int64).reshape(R, nb, 8, 8)  # [R,nb,i,g]
+    u = d.astype(np.int64).reshape(R, nb, 8, 8)        # [R,nb,i,g]
     c = np.zeros((R, nb, 8), np.int64)
     for i in range(8):
         c = c * 5 + u[:, :, i, :]
@@ -294,7 +240,7 @@ def dequantize_wr(q: np.ndarray, n: int) -> np.ndarray:
     sc = blk[:, :, 19].astype(np.int64) | (blk[:, :, 20].astype(np.int64) << 8)
     k = (sc[:, :, None] >> (4 * np.arange(4))) & 0xF    # [R,nb,4]
     dr = (D[:, None, None] * WR_TABLE[k]).astype(np.float32)
-    vals = (d.transpose(0, 1, 3, 2) - 2).astype(np.float32)  # [R,nb,i,g]
+    vals = WR_LEVELS[d.transpose(0, 1, 3, 2)]          # [R,nb,i,g]
     w = dr[:, :, :, None, None] * vals.reshape(R, nb, 4, 2, 8)
     return w.reshape(*shape[:-1], nb * 64)[..., :n]
 
