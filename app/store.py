@@ -211,6 +211,17 @@ class ChatStore:
             out += ["## You" if m.role == "user" else "## Assistant", "", m.content.rstrip(), ""]
         return "\n".join(out)
 
+    def export_json(self, chat_id: int) -> str:
+        chat = self.get_chat(chat_id)
+        msgs = [{"role": m.role, "content": m.content, "created": m.created, "stats": m.stats}
+                for m in self.messages(chat_id)]
+        return json.dumps({**_chat_dict(chat), "messages": msgs}, ensure_ascii=False, indent=1)
+
+
+def _chat_dict(chat: Chat) -> dict[str, Any]:
+    return {"id": chat.id, "title": chat.title, "model": chat.model, "system": chat.system,
+            "params": chat.params, "created": chat.created, "updated": chat.updated}
+
 
 def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]

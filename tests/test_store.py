@@ -1,6 +1,7 @@
 """Chat history on a real SQLite file: CRUD, WAL, schema version and migration, export."""
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -104,4 +105,8 @@ def test_export_markdown(tmp_path):
     assert md.startswith("# Plans\n")
     assert "- model: `demo`" in md and "temperature=0.5" in md
     assert "## System\n\nYou are terse.\n" in md
+    data = json.loads(s.export_json(c.id))
+    assert (data["title"], data["model"], data["system"], data["params"]) == ("Plans", "demo", "You are terse.",
+                                                                             {"temperature": 0.5})
+    assert [(m["role"], m["content"][:7]) for m in data["messages"]] == [("user", "List tw"), ("assistant", "- apple")]
     assert md.index("## You\n\nList two fruits") < md.index("## Assistant\n\n- apple\n- pear\n\n```py\nprint(1)\n```")

@@ -171,8 +171,10 @@ class ChatActions:
             self.notify("Nothing to export yet", severity="warning")
             return
         out = Path(path).expanduser() if path else Path.cwd() / f"chat-{self.chat.id}.md"
+        store = self.app.store
         try:
-            out.write_text(self.app.store.export_markdown(self.chat.id), "utf-8")
+            text = store.export_json(self.chat.id) if out.suffix == ".json" else store.export_markdown(self.chat.id)
+            out.write_text(text, "utf-8")
         except OSError as e:
             self.notify(f"cannot write {out}: {e.strerror}", severity="error", markup=False)
             return

@@ -24,7 +24,7 @@ SLASH: dict[str, tuple[str, str]] = {
     "/new": ("", "start a new chat"),
     "/chats": ("", "open the chat list (rename, delete, export)"),
     "/rename": ("TITLE", "rename this chat"),
-    "/export": ("[PATH]", "export this chat to Markdown"),
+    "/export": ("[PATH]", "export this chat to Markdown (to JSON when PATH ends in .json)"),
     "/copy": ("[code]", "copy the last reply (or its code blocks, one per call)"),
     "/theme": ("[NAME]", "switch theme (saved in the config)"),
     "/attach": ("PATH", "add a text file to the prompt (as a fenced block)"),
