@@ -17,10 +17,14 @@ from rapidmoe.engine.gguf.reader import GGUFFile
 
 
 @pytest.fixture(scope="module")
-def built():
+def built(tmp_path_factory):
+    # a cache of its own: other tests may already have built the demo in the shared one
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path_factory.mktemp("democache")))
     calls = []
     path = demo.demo_model_path(progress=lambda f, msg: calls.append(f))
-    return path, calls
+    yield path, calls
+    mp.undo()
 
 
 @pytest.fixture(scope="module")
