@@ -128,6 +128,17 @@ def test_escape_stops_generation_and_keeps_the_partial_reply(tmp_path):
             assert scr.engine_chat.messages[-1] == {"role": "assistant", "content": partial}
             assert "stop latency" in scr.stats_text()
 
+            # a new chat mid-reply: the reply stops and is kept in its own chat first
+            first = scr.chat.id
+            await send(pilot, "another story")
+            await wait_for(pilot, lambda: len(scr.query(MessageView).last().text) > 10)
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: not scr.generating and scr.chat is None)
+            assert views(scr) == []
+            stored = app.store.messages(first)
+            assert [m.role for m in stored] == ["user", "assistant"] * 2
+            assert stored[-1].stats["finish_reason"] == "cancelled" and full.startswith(stored[-1].content)
+
     asyncio.run(main())
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from ...engine.errors import UserError
 from .commands import help_text, parse_set, parse_slash
 from .context_meter import ContextMeter
-from .message import MessageView, Note
+from .message import MessageView
 
 
 class ChatActions:
@@ -86,8 +86,8 @@ class ChatActions:
     # --- chats ---
     async def show_chat(self, chat_id: int | None) -> None:
         """Switch to a stored chat (None: a new, empty one)."""
-        if self.generating:
-            self.action_stop()
+        if self.defer_while_generating(self.show_chat, chat_id):
+            return
         store = self.app.store
         self.chat = store.get_chat(chat_id) if chat_id is not None else None
         await self.log_view.remove_children()
@@ -106,6 +106,8 @@ class ChatActions:
         await self.show_chat(None)
 
     async def action_clear(self) -> None:
+        if self.defer_while_generating(self.action_clear):
+            return
         if self.chat is not None:
             self.app.store.clear_messages(self.chat.id)
         await self.show_chat(self.chat.id if self.chat else None)
@@ -287,6 +289,3 @@ def _stored_footer(stats: dict | None) -> str:
     tail = " · stopped" if stats.get("finish_reason") == "cancelled" else ""
     return (f"{stats.get('completion_tokens', 0)} tok · {stats.get('decode_tok_s', 0):.1f} tok/s · "
             f"TTFT {stats.get('ttft_s', 0):.2f} s{tail}")
-
-
-__all__ = ["ChatActions", "Note"]

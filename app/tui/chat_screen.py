@@ -6,6 +6,7 @@ Markdown, so the screen redraws ~25 times a second whatever the token rate.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any
@@ -82,6 +83,7 @@ class ChatScreen(ChatActions, Screen):
         self.last_prompt_stats: PromptProcessed | None = None
         self.stats_after_reply = False
         self._warned_ctx = False
+        self._after_reply: list = []  # calls deferred until the reply being written has stopped
 
     def compose(self) -> ComposeResult:
         yield Static("", id="title", markup=False)
@@ -129,9 +131,25 @@ class ChatScreen(ChatActions, Screen):
         self.query_one("#title", Static).update(f" {title}{model}")
 
     # --- model loading ---
+    def defer_while_generating(self, fn, *args) -> bool:
+        """Stop the reply being written and run fn(*args) once it is stored; True if deferred.
+        Switching chats or models mid-reply must not store the reply in the wrong place."""
+        if not self.generating:
+            return False
+        self.action_stop()
+        self._after_reply.append((fn, args))
+        return True
+
+    async def _run_deferred(self) -> None:
+        calls, self._after_reply = self._after_reply, []
+        for fn, args in calls:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                await result
+
     def load(self, spec: str) -> None:
-        if self.generating:
-            self.action_stop()
+        if self.defer_while_generating(self.load, spec):
+            return
         self.is_loading = True
         self.load_cancel = threading.Event()
         self.query_one("#loading").display = True
@@ -318,6 +336,7 @@ class ChatScreen(ChatActions, Screen):
             self.notify(meter.tooltip, severity="warning", timeout=6)
         if self.stats_after_reply:
             self.note(self.stats_text())
+        await self._run_deferred()
 
     @on(ReplyFailed)
     async def _on_reply_failed(self, ev: ReplyFailed) -> None:
@@ -338,6 +357,7 @@ class ChatScreen(ChatActions, Screen):
             if views and views[-1].role == "user":
                 await views[-1].remove()
             self.prompt.load_text(ev.prompt)
+        await self._run_deferred()
 
     def stats_text(self) -> str:
         f = self.last_final
