@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from textual import events
 from textual.widgets import Collapsible, Markdown, OptionList
 
@@ -23,6 +24,7 @@ from rapidmoe.app.tui.context_meter import ContextMeter  # noqa: E402
 from rapidmoe.app.tui.message import MessageView, Note  # noqa: E402
 from rapidmoe.app.tui.status_bar import sparkline  # noqa: E402
 from rapidmoe.app.tui.think import code_blocks, split_think  # noqa: E402
+from rapidmoe.engine.errors import UserError  # noqa: E402
 
 SIZE = (110, 32)
 
@@ -468,8 +470,14 @@ def test_loads_in_a_worker_with_progress_and_takes_the_command_line(tmp_path):
             await wait_for(pilot, lambda: not scr.generating)
             assert backend.calls[-1][0] == {"role": "system", "content": "Be kind."}
             assert app.store.get_chat(scr.chat.id).system == "Be kind."
+            return scr.chat.id
 
-    asyncio.run(main())
+    chat_id = asyncio.run(main())
+    # --continue opens the last chat, --chat ID a given one, a bad id is one clear error
+    assert app_from_args(argparse.Namespace(continue_=True), backend=backend).open_chat_id == chat_id
+    assert app_from_args(argparse.Namespace(chat=str(chat_id)), backend=backend).open_chat_id == chat_id
+    with pytest.raises(UserError, match="no chat with id 999999"):
+        app_from_args(argparse.Namespace(chat=999999), backend=backend)
 
 
 def test_command_palette_runs_our_commands(tmp_path):
