@@ -68,6 +68,7 @@ class ChatScreen(ChatActions, Screen):
         super().__init__()
         self.model = None  # backend.LoadedModel
         self.engine_chat = None  # the backend's chat object (messages + KV cache)
+        self._engine_model = None  # the model engine_chat was made for
         self.chat = None  # store.Chat, created on the first prompt
         self.generating = False
         self.is_loading = False
@@ -215,14 +216,20 @@ class ChatScreen(ChatActions, Screen):
         return self.chat.system if self.chat else self.app.default_system
 
     def rebuild_engine_chat(self) -> None:
-        """A fresh engine chat holding this chat's history (its KV cache fills on the next turn)."""
+        """Give the engine chat this chat's system prompt and history. The engine chat (and
+        its KV cache) is kept per model: the next turn recomputes only what differs."""
         if self.model is None:
             self.engine_chat = None
             return
-        self.engine_chat = self.app.backend.new_chat(self.model, self.system_prompt() or None, self.params())
+        if self.engine_chat is None or self._engine_model is not self.model:
+            self.engine_chat = self.app.backend.new_chat(self.model, None, self.params())
+            self._engine_model = self.model
+        system = self.system_prompt()
+        msgs = [{"role": "system", "content": system}] if system else []
         if self.chat is not None:
-            self.engine_chat.messages.extend({"role": m.role, "content": m.content}
-                                             for m in self.app.store.messages(self.chat.id))
+            msgs += [{"role": m.role, "content": m.content} for m in self.app.store.messages(self.chat.id)]
+        self.engine_chat.messages[:] = msgs
+        self.engine_chat.params = self.params()
 
     # --- generation ---
     @on(PromptInput.Submitted)
