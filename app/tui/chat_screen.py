@@ -6,6 +6,7 @@ Markdown, so the screen redraws ~25 times a second whatever the token rate.
 """
 from __future__ import annotations
 
+import gc
 import inspect
 import threading
 import time
@@ -55,9 +56,9 @@ class LoadProgress(Message):
 
 
 class LoadDone(Message):
-    def __init__(self, model: Any = None, error: BaseException | None = None, spec: str = ""):
+    def __init__(self, seq: int, model: Any = None, error: BaseException | None = None, spec: str = ""):
         super().__init__()
-        self.model, self.error, self.spec = model, error, spec
+        self.seq, self.model, self.error, self.spec = seq, model, error, spec
 
 
 class ChatScreen(ChatActions, Screen):
@@ -85,6 +86,7 @@ class ChatScreen(ChatActions, Screen):
         self.stats_after_reply = False
         self._warned_ctx = False
         self._after_reply: list = []  # calls deferred until the reply being written has stopped
+        self._load_seq = 0
 
     def compose(self) -> ComposeResult:
         yield Static("", id="title", markup=False)
@@ -151,11 +153,19 @@ class ChatScreen(ChatActions, Screen):
     def load(self, spec: str) -> None:
         if self.defer_while_generating(self.load, spec):
             return
+        self.load_cancel.set()  # a load still running gives way to this one
+        self._load_seq += 1
+        seq = self._load_seq
+        if self.model is not None:  # two big models at once may not fit: let go of the old one first
+            self.model = self.engine_chat = self._engine_model = None
+            self.status.set_model("no model", "")
+            gc.collect()
         self.is_loading = True
         self.load_cancel = threading.Event()
         self.query_one("#loading").display = True
         self.query_one("#load-what", Static).update(f"loading {spec} …")
         self.status.set_state("loading")
+        self._set_title()
         n_ctx = self.app.n_ctx
         cancel = self.load_cancel
 
@@ -167,10 +177,10 @@ class ChatScreen(ChatActions, Screen):
         def work() -> None:
             try:
                 m = self.app.backend.load(spec, n_ctx, progress)
-            except BaseException as e:  # shown, never fatal: the previous model (if any) stays
-                self.post_message(LoadDone(error=e, spec=spec))
+            except BaseException as e:  # shown, never fatal
+                self.post_message(LoadDone(seq, error=e, spec=spec))
             else:
-                self.post_message(LoadDone(model=m, spec=spec))
+                self.post_message(LoadDone(seq, model=m, spec=spec))
 
         self.run_worker(work, thread=True, group="load", exclusive=True)
 
@@ -184,9 +194,12 @@ class ChatScreen(ChatActions, Screen):
 
     @on(LoadDone)
     def _on_load_done(self, ev: LoadDone) -> None:
+        if ev.seq != self._load_seq:  # superseded by a later load
+            return
         self.is_loading = False
         self.query_one("#loading").display = False
         self.status.set_state("")
+        self._set_title()
         if ev.error is not None:
             msg = ("loading cancelled" if isinstance(ev.error, KeyboardInterrupt)
                    else f"cannot load {ev.spec}: {ev.error}")
