@@ -571,3 +571,21 @@ def test_download_from_a_local_hub_shows_progress_cancels_and_resumes(tmp_path, 
         asyncio.run(main())
     finally:
         hub.stop()
+
+
+def test_a_second_load_supersedes_the_first(tmp_path):
+    backend = ScriptedBackend(load_s=0.5)
+
+    async def main():
+        app = make_app(tmp_path, backend, model="slow.gguf")
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: scr.is_loading)
+            scr.prompt.load_text("/model fast.gguf")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: scr.model is not None)
+            await pilot.pause(0.6)  # the first load's thread has given up by now
+            assert scr.model.spec == "fast.gguf" and backend.loaded == ["fast.gguf"]
+            assert not scr.is_loading and "loading cancelled" not in " ".join(notes(scr))
+
+    asyncio.run(main())
