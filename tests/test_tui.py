@@ -207,6 +207,15 @@ def test_slash_commands(tmp_path, monkeypatch):
             scr = await ready(pilot)
             await pilot.press(*"/reg", "tab")
             assert scr.prompt.text == "/regen "  # Tab completes the unique match
+            scr.prompt.load_text("/set te")
+            await pilot.press("end", "tab")
+            assert scr.prompt.text == "/set temperature "  # ...and then the argument
+            scr.prompt.load_text("/model de")
+            await pilot.press("end", "tab")
+            assert scr.prompt.text == "/model demo "
+            scr.prompt.load_text("/s")
+            await pilot.press("end", "tab")
+            assert scr.prompt.text == "/s" and scr.prompt.has_focus  # /set /stats /system: no longer prefix
             scr.prompt.load_text("/help")
             await pilot.press("enter")
             await pilot.pause(0.05)

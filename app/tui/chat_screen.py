@@ -107,6 +107,7 @@ class ChatScreen(ChatActions, Screen):
         self.query_one("#log", VerticalScroll).anchor()  # follow new text unless the user scrolls up
         self.query_one(PromptInput).prompt_history = self.app.store.prompt_history()
         self.query_one(PromptInput).focus()
+        self.query_one(PromptInput).arg_choices = self.arg_choices
         self.set_interval(1 / self.app.config.refresh_hz, self._drain)
         self._set_title()
 
@@ -132,6 +133,17 @@ class ChatScreen(ChatActions, Screen):
         title = self.chat.title if self.chat else "New chat"
         model = f"  ·  {self.model.name}" if self.model else ("  ·  loading…" if self.is_loading else "")
         self.query_one("#title", Static).update(f" {title}{model}")
+
+    def arg_choices(self, command: str) -> list[str]:
+        from .commands import static_choices
+
+        if command == "/theme":
+            return list(self.app.available_themes)
+        if command == "/model":
+            from .model_picker import available_models
+
+            return [spec for spec, _ in available_models() if spec]
+        return static_choices(command)
 
     # --- model loading ---
     def defer_while_generating(self, fn, *args) -> bool:

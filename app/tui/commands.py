@@ -54,20 +54,45 @@ PALETTE = [
 SET_KEYS = {f.name: f.type for f in fields(SamplingParams)} | {"temp": "float"}
 
 
-def complete(text: str) -> str | None:
-    """Complete a `/` command name: the unique match (plus a space), or the common prefix."""
-    if " " in text:
-        return None
-    matches = [c for c in SLASH if c.startswith(text)]
-    if len(matches) == 1:
-        return matches[0] + " "
+def _extend(word: str, candidates) -> str | None:
+    """The unique match plus a space, or the longest common prefix of the matches."""
+    matches = sorted({c for c in candidates if c.startswith(word)})
     if not matches:
         return None
+    if len(matches) == 1:
+        return matches[0] + " "
     prefix = matches[0]
     for m in matches[1:]:
         while not m.startswith(prefix):
             prefix = prefix[:-1]
     return prefix
+
+
+def complete(text: str, arg_choices=None) -> str | None:
+    """Tab completion of a `/` command name, then of its first argument.
+    arg_choices(command) -> the values that argument can take (or none)."""
+    name, sep, arg = text.partition(" ")
+    if not sep:
+        return _extend(name, SLASH)
+    if " " in arg or arg_choices is None:
+        return None
+    done = _extend(arg, arg_choices(name) or ())
+    return None if done is None else f"{name} {done}"
+
+
+def candidates(text: str, arg_choices=None) -> list[str]:
+    """What could follow: the matching commands, or the matching values of the argument."""
+    name, sep, arg = text.partition(" ")
+    if not sep:
+        return sorted(c for c in SLASH if c.startswith(name))
+    if " " in arg or arg_choices is None:
+        return []
+    return sorted({c for c in arg_choices(name) or () if c.startswith(arg)})
+
+
+def static_choices(name: str) -> list[str]:
+    return {"/set": [k for k in SET_KEYS if k != "temp"], "/stats": ["on", "off"],
+            "/copy": ["code"]}.get(name, [])
 
 
 def parse_slash(text: str) -> tuple[str, str]:

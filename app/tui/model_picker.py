@@ -23,9 +23,14 @@ def available_models() -> list[tuple[str, str]]:
     try:
         from ...engine.hub import list_cached
 
+        import psutil
+
+        dram = psutil.virtual_memory().total
         for m in list_cached():
             state = "" if m.complete else f" · INCOMPLETE ({len(m.missing)} part(s) missing)"
-            out.append((m.spec, f"{m.spec} · {fmt_bytes(m.size)} · HF cache{state}"))
+            # an honest bound until the placement planner can say more: the file against DRAM
+            fit = f" · larger than this machine's DRAM ({fmt_bytes(dram)})" if m.size > dram else ""
+            out.append((m.spec, f"{m.spec} · {fmt_bytes(m.size)} · HF cache{state}{fit}"))
     except Exception as e:  # a damaged cache must not keep the picker from opening
         out.append(("", f"(Hugging Face cache unreadable: {type(e).__name__})"))
     return out

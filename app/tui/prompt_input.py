@@ -8,7 +8,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from .commands import complete
+from .commands import candidates, complete
 
 
 class PromptInput(TextArea):
@@ -22,6 +22,7 @@ class PromptInput(TextArea):
         self.send_keys = set(send_keys)
         self.newline_keys = set(newline_keys)
         self.prompt_history: list[str] = []
+        self.arg_choices = None  # command -> values for Tab completion of its argument
         self._hist_pos: int | None = None
 
     def submit(self) -> None:
@@ -53,13 +54,17 @@ class PromptInput(TextArea):
             self.insert("\n")
             return
         if key == "tab" and self.text.startswith("/") and "\n" not in self.text:
-            done = complete(self.text)
+            event.stop()  # in a command Tab completes, it never moves the focus away
+            event.prevent_default()
+            done = complete(self.text, self.arg_choices)
             if done and done != self.text:
-                event.stop()
-                event.prevent_default()
                 self.load_text(done)
                 self.move_cursor(self.document.end)
-                return
+            else:
+                options = candidates(self.text, self.arg_choices)
+                if options:
+                    self.app.notify("  ".join(options[:30]), timeout=4, markup=False)
+            return
         if key in ("up", "down") and self.cursor_location[0] in (0, self.document.line_count - 1):
             first, last = self.cursor_location[0] == 0, self.cursor_location[0] == self.document.line_count - 1
             if (key == "up" and first) or (key == "down" and last):
