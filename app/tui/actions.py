@@ -206,7 +206,10 @@ class ChatActions:
         self.prompt.focus()
 
     def action_stats(self) -> None:
-        self.note(self.stats_text())
+        m = self.model
+        where = (f"\nmodel {m.name} ({m.spec}) · {m.placement} · context {m.n_ctx} tokens · "
+                 f"DRAM in use {self.status.dram}" if m else "\nno model loaded")
+        self.note(self.stats_text() + where)
 
     def action_help(self) -> None:
         self.note(help_text(self.app.key_summary()))
