@@ -52,8 +52,19 @@ void dequantize(Fmt fmt, const uint8_t* q, size_t rows, size_t n, float* out);
 // out must hold it. Per ISA; scalar is the reference.
 using DequantRowFn = void (*)(const uint8_t* row, size_t nblocks, float* out);
 DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
-using DotFn = float (*)(const float* a, const float* b, size_t n);
-DotFn dot_fn();
+
+// Activations prepared once per token for the fused kernels (prep_x). The SIMD
+// paths run WQ on int8 activations (per 32 weights: sx = max|x|/127, xq =
+// rint(x/sx); see prep_wq_q8 in resplit_gemv.cpp); the scalar path keeps f32:
+//   WQ: per pair of 32-blocks 80 floats [digit i 0..4][block of pair 0..1][byte lane 0..7]:
+//       lane j<6 = x[6i+j], lane 6 = x[30+i] (i<2, else 0), lane 7 = -sum(x of block) at i=0
+//       (byte lane 7 decodes to digit 1 at i=0 and is weighted 0 elsewhere).
+//   WR: x zero-padded to a multiple of 64.   D4: x padded to 32s, then one sum per 32-block.
+size_t prep_floats(Fmt fmt, size_t n);
+void prep_x(Fmt fmt, const float* x /*[n]*/, size_t n, float* out /*[prep_floats]*/);
+// Fused decode x dot: y[t*ys] = W_row . x_t for t < T, x_t = xp + t*xs (prepared), nb blocks.
+using RowDotFn = void (*)(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 
 // Batched expert GEMM: for each selected slot s (one expert id each),
 //   y[s][t][o] = sum_i W[ids[s]][o][i] * x[s][t][i]   for t < ntok[s].
@@ -81,21 +92,18 @@ void moe_forward(const MoeWeights& w, const float* x /*[T,H]*/, size_t T, size_t
                  const int32_t* ids /*[T,k]*/, const float* weights /*[T,k]*/,
                  const int32_t* ncrit /*[T]*/, float* out /*[T,H]*/);
 
-// ISA variants (resplit_gemv_avx2.cpp / _avx512.cpp); only called after isa.cpp allows them.
-void dequant_row_wq_avx2(const uint8_t* row, size_t nb, float* out);
-void dequant_row_wr_avx2(const uint8_t* row, size_t nb, float* out);
-void dequant_row_d4_avx2(const uint8_t* row, size_t nb, float* out);
-float dot_avx2(const float* a, const float* b, size_t n);
-void dequant_row_wq_avx512(const uint8_t* row, size_t nb, float* out);
-void dequant_row_wr_avx512(const uint8_t* row, size_t nb, float* out);
-void dequant_row_d4_avx512(const uint8_t* row, size_t nb, float* out);
-float dot_avx512(const float* a, const float* b, size_t n);
-
-// Scalar references.
-void dequant_row_wq_scalar(const uint8_t* row, size_t nb, float* out);
-void dequant_row_wr_scalar(const uint8_t* row, size_t nb, float* out);
-void dequant_row_d4_scalar(const uint8_t* row, size_t nb, float* out);
-float dot_scalar(const float* a, const float* b, size_t n);
+// ISA variants; only called after isa.cpp allows them.
+#define RMOE_RESPLIT_VARIANTS(sfx)                                                                   \
+  void dequant_row_wq_##sfx(const uint8_t* row, size_t nb, float* out);                             \
+  void dequant_row_wr_##sfx(const uint8_t* row, size_t nb, float* out);                             \
+  void dequant_row_d4_##sfx(const uint8_t* row, size_t nb, float* out);                             \
+  void row_dot_wq_##sfx(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys); \
+  void row_dot_wr_##sfx(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys); \
+  void row_dot_d4_##sfx(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+RMOE_RESPLIT_VARIANTS(scalar)  // resplit_dequant.cpp, resplit_gemv.cpp: the references
+RMOE_RESPLIT_VARIANTS(avx2)    // resplit_*_avx2.cpp
+RMOE_RESPLIT_VARIANTS(avx512)  // resplit_*_avx512.cpp
+#undef RMOE_RESPLIT_VARIANTS
 
 // Shared constants (must equal the oracle's float32 values).
 extern const float kWrTable[16];  // 2^(-k/4)

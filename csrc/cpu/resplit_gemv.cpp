@@ -1,7 +1,7 @@
-// Resplit kernels: scalar reference row decoders, ISA dispatch, the batched
-// expert GEMM/GEMV and the split-execution MoE layer. A row is decoded once
-// into an L1-resident float buffer and then dotted with every token routed to
-// that expert, so prefill reuses each decoded row across its tokens.
+// Resplit kernels: activation preparation, the scalar fused references, ISA
+// dispatch, the batched expert GEMV/GEMM and the split-execution MoE layer.
+// Each row is decoded once per tile of up to 4 tokens routed to its expert, so
+// prefill reuses the decode across tokens and decode reads each weight once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,128 +15,169 @@
 namespace rmoe {
 namespace resplit {
 
-// ---------------------------------------------------------------- scalar reference
-void dequant_row_wq_scalar(const uint8_t* q, size_t nb, float* out) {
-  for (size_t b = 0; b < nb; ++b, q += 8, out += 32) {
-    const uint32_t code = (q[6] & 0xFu) | ((uint32_t)q[7] << 4);
-    const float dq = f16_to_f32((uint16_t)(code << 3));
-    for (int j = 0; j < 6; ++j) {
-      uint32_t u = q[j];
-      for (int i = 0; i < 5; ++i) {
-        u *= 3;
-        out[6 * i + j] = dq * (float)((int)(u >> 8) - 1);
-        u &= 255;
-      }
-    }
-    uint32_t u = q[6] & 0xF0u;
-    for (int i = 0; i < 2; ++i) {
-      u *= 3;
-      out[30 + i] = dq * (float)((int)(u >> 8) - 1);
-      u &= 255;
-    }
-  }
-}
-
-void dequant_row_wr_scalar(const uint8_t* q, size_t nb, float* out) {
-  static const float kLv[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};  // WR levels by digit
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  q += 2;
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
-    float dr[4];
-    for (int s = 0; s < 4; ++s) dr[s] = D * kWrTable[(sc >> (4 * s)) & 0xF];
-    for (int g = 0; g < 8; ++g) {
-      uint32_t u = (q[2 * g] | ((uint32_t)q[2 * g + 1] << 8)) | (((hi >> (3 * g)) & 7u) << 16);
-      for (int i = 0; i < 8; ++i) {
-        u *= 5;
-        out[8 * i + g] = dr[i >> 1] * kLv[u >> 19];
-        u &= (1u << 19) - 1;
-      }
-    }
-  }
-}
-
-void dequant_row_d4_scalar(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
-  q += 4;
-  for (size_t b = 0; b < nb; ++b, q += 18, out += 32) {
-    const float d = D * (float)q[16], dm = M * (float)q[17];
-    for (int j = 0; j < 16; ++j) {
-      out[j] = d * (float)(q[j] & 0xF) - dm;
-      out[j + 16] = d * (float)(q[j] >> 4) - dm;
-    }
-  }
-}
-
-float dot_scalar(const float* a, const float* b, size_t n) {
-  float acc = 0.f;
-  for (size_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-// ---------------------------------------------------------------- dispatch
+// ---------------------------------------------------------------- activations
 namespace {
-size_t block_of(Fmt f) { return f == Fmt::WR ? 64 : 32; }
+bool wq_int8() {  // the SIMD paths run WQ on int8 activations
+  static const bool v = active_isa() != Isa::Scalar;
+  return v;
+}
+
+// Round-half-even without libm (|x| <= 127 here).
+inline float rne(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
+// WQ int8 activations, per group of 8 blocks (112 floats): int8 xq[5][8 blocks][8 lanes]
+// (same lane order as the f32 layout, lane 7 = 0), float sx[16] (lanes 2b, 2b+1 = sx_b),
+// float c[16] (lane 2b = sx_b * sum(xq_b)). Block b: sx = max|x|/127, xq = rint(x * 127/max|x|).
+void prep_wq_q8(const float* x, size_t n, float* out) {
+  const size_t nb = (n + 31) / 32;
+  std::memset(out, 0, (nb + 7) / 8 * 112 * sizeof(float));
+  for (size_t b = 0; b < nb; ++b) {
+    float xb[32] = {0};
+    for (size_t j = 0; j < 32 && 32 * b + j < n; ++j) xb[j] = x[32 * b + j];
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float sx = amax / 127.0f, inv = amax > 0.f ? 127.0f / amax : 0.f;
+    int8_t q[32];
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[j] = (int8_t)rne(xb[j] * inv);
+      sum += q[j];
+    }
+    float* g = out + (b / 8) * 112;
+    int8_t* xq = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
+    for (int i = 0; i < 5; ++i) {
+      for (int j = 0; j < 6; ++j) xq[64 * i + j] = q[6 * i + j];
+      xq[64 * i + 6] = i < 2 ? q[30 + i] : 0;
+    }
+    g[80 + 2 * (b % 8)] = g[80 + 2 * (b % 8) + 1] = sx;
+    g[96 + 2 * (b % 8)] = sx * (float)sum;
+  }
+}
 }  // namespace
 
-DequantRowFn dequant_row_fn(Fmt fmt) {
-  static const Isa isa = active_isa();
-#if RMOE_X86
-  if (isa == Isa::Avx512) {
-    return fmt == Fmt::WQ ? dequant_row_wq_avx512 : fmt == Fmt::WR ? dequant_row_wr_avx512 : dequant_row_d4_avx512;
+size_t prep_floats(Fmt fmt, size_t n) {
+  switch (fmt) {
+    case Fmt::WQ: return wq_int8() ? ((n + 31) / 32 + 7) / 8 * 112 : ((n + 31) / 32 + 1) / 2 * 80;
+    case Fmt::WR: return (n + 63) / 64 * 64;
+    default: return (n + 31) / 32 * 33;
   }
-  if (isa == Isa::Avx2) {
-    return fmt == Fmt::WQ ? dequant_row_wq_avx2 : fmt == Fmt::WR ? dequant_row_wr_avx2 : dequant_row_d4_avx2;
-  }
-#endif
-  return fmt == Fmt::WQ ? dequant_row_wq_scalar : fmt == Fmt::WR ? dequant_row_wr_scalar : dequant_row_d4_scalar;
 }
 
-DotFn dot_fn() {
-  static const Isa isa = active_isa();
-#if RMOE_X86
-  if (isa == Isa::Avx512) return dot_avx512;
-  if (isa == Isa::Avx2) return dot_avx2;
-#endif
-  return dot_scalar;
-}
-
-void dequantize(Fmt fmt, const uint8_t* q, size_t rows, size_t n, float* out) {
-  const size_t rb = row_bytes(fmt, n), bl = block_of(fmt), nb = (n + bl - 1) / bl;
-  const DequantRowFn fn = dequant_row_fn(fmt);
-  parallel_for(rows, [&](size_t b, size_t e, int) {
-    std::vector<float> buf(nb * bl);
-    for (size_t r = b; r < e; ++r) {
-      fn(q + r * rb, nb, buf.data());
-      std::memcpy(out + r * n, buf.data(), n * sizeof(float));
+void prep_x(Fmt fmt, const float* x, size_t n, float* out) {
+  if (fmt == Fmt::WQ && wq_int8()) return prep_wq_q8(x, n, out);
+  const size_t pf = prep_floats(fmt, n);
+  std::memset(out, 0, pf * sizeof(float));
+  if (fmt == Fmt::WR) {
+    std::memcpy(out, x, n * sizeof(float));
+  } else if (fmt == Fmt::D4) {
+    const size_t nb = (n + 31) / 32;
+    std::memcpy(out, x, n * sizeof(float));
+    for (size_t b = 0; b < nb; ++b) {
+      float s = 0.f;
+      for (size_t j = 0; j < 32; ++j) s += out[32 * b + j];
+      out[nb * 32 + b] = s;
     }
-  }, 16);
+  } else {
+    const size_t nb = (n + 31) / 32;
+    for (size_t b = 0; b < nb; ++b) {
+      float* o = out + (b / 2) * 80 + (b & 1) * 8;
+      float xb[32] = {0};
+      for (size_t j = 0; j < 32 && 32 * b + j < n; ++j) xb[j] = x[32 * b + j];
+      float s = 0.f;
+      for (int j = 0; j < 32; ++j) s += xb[j];
+      for (int i = 0; i < 5; ++i) {
+        for (int j = 0; j < 6; ++j) o[16 * i + j] = xb[6 * i + j];
+        o[16 * i + 6] = i < 2 ? xb[30 + i] : 0.f;
+      }
+      o[7] = -s;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- scalar fused references
+void row_dot_wq_scalar(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  for (size_t t = 0; t < T; ++t) {
+    const float* x = xp + t * xs;
+    float tot = 0.f;
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = q + 8 * b;
+      const float* xb = x + (b / 2) * 80 + (b & 1) * 8;
+      const float dq = f16_to_f32((uint16_t)((((blk[6] & 0xFu) | ((uint32_t)blk[7] << 4))) << 3));
+      float acc = 0.f;
+      for (int j = 0; j < 8; ++j) {
+        uint32_t u = j < 6 ? blk[j] : (j == 6 ? (blk[6] & 0xF0u) : 86u);  // 86: digit 0 = 1
+        for (int i = 0; i < 5; ++i) {
+          u *= 3;
+          acc += (float)(u >> 8) * xb[16 * i + j];
+          u &= 255;
+        }
+      }
+      tot += dq * acc;
+    }
+    y[t * ys] = tot;
+  }
+}
+
+void row_dot_wr_scalar(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  std::vector<float> w(nb * 64);
+  dequant_row_wr_scalar(q, nb, w.data());
+  for (size_t t = 0; t < T; ++t) {
+    float acc = 0.f;
+    for (size_t i = 0; i < nb * 64; ++i) acc += w[i] * xp[t * xs + i];
+    y[t * ys] = acc;
+  }
+}
+
+void row_dot_d4_scalar(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+  const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
+  for (size_t t = 0; t < T; ++t) {
+    const float* x = xp + t * xs;
+    float tot = 0.f;
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = q + 4 + 18 * b;
+      float acc = 0.f;
+      for (int j = 0; j < 16; ++j)
+        acc += (float)(blk[j] & 0xF) * x[32 * b + j] + (float)(blk[j] >> 4) * x[32 * b + j + 16];
+      tot += (D * (float)blk[16]) * acc - (M * (float)blk[17]) * x[nb * 32 + b];
+    }
+    y[t * ys] = tot;
+  }
+}
+
+RowDotFn row_dot_fn(Fmt fmt) {
+  static const Isa isa = active_isa();
+#if RMOE_X86
+  if (isa == Isa::Avx512) return fmt == Fmt::WQ ? row_dot_wq_avx512 : fmt == Fmt::WR ? row_dot_wr_avx512 : row_dot_d4_avx512;
+  if (isa == Isa::Avx2) return fmt == Fmt::WQ ? row_dot_wq_avx2 : fmt == Fmt::WR ? row_dot_wr_avx2 : row_dot_d4_avx2;
+#endif
+  return fmt == Fmt::WQ ? row_dot_wq_scalar : fmt == Fmt::WR ? row_dot_wr_scalar : row_dot_d4_scalar;
 }
 
 // ---------------------------------------------------------------- expert GEMM
 void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_dim, const int32_t* ids,
                  const int64_t* xoff, const int64_t* ntok, size_t S, const float* x, float* y, bool accumulate) {
   (void)E;
-  const size_t rb = row_bytes(fmt, in_dim), bl = block_of(fmt), nb = (in_dim + bl - 1) / bl;
-  const DequantRowFn deq = dequant_row_fn(fmt);
-  const DotFn dot = dot_fn();
+  const size_t rb = row_bytes(fmt, in_dim), bl = fmt == Fmt::WR ? 64 : 32, nb = (in_dim + bl - 1) / bl;
+  const size_t pf = prep_floats(fmt, in_dim);
+  size_t nrows = 0;
+  for (size_t s = 0; s < S; ++s) nrows = std::max(nrows, (size_t)(xoff[s] + std::max<int64_t>(ntok[s], 0)));
+  std::vector<float> xp(nrows * pf);
+  parallel_for(nrows, [&](size_t b, size_t e, int) {
+    for (size_t r = b; r < e; ++r) prep_x(fmt, x + r * in_dim, in_dim, xp.data() + r * pf);
+  }, 8);
+  const RowDotFn dot = row_dot_fn(fmt);
   // One work item per (slot, output row): contiguous chunks keep a thread on one expert.
   parallel_for(S * out_dim, [&](size_t begin, size_t end, int) {
-    thread_local std::vector<float> buf;
-    if (buf.size() < nb * bl) buf.resize(nb * bl);
+    std::vector<float> tmp;
     for (size_t it = begin; it < end; ++it) {
       const size_t s = it / out_dim, o = it % out_dim;
-      const int64_t nt = ntok[s];
-      if (nt <= 0) continue;
-      deq(W + ((size_t)ids[s] * out_dim + o) * rb, nb, buf.data());
-      const float* xs = x + (size_t)xoff[s] * in_dim;
+      const size_t nt = (size_t)std::max<int64_t>(ntok[s], 0);
+      if (nt == 0) continue;
+      tmp.resize(nt);
+      dot(W + ((size_t)ids[s] * out_dim + o) * rb, nb, xp.data() + (size_t)xoff[s] * pf, pf, nt, tmp.data(), 1);
       float* ys = y + (size_t)xoff[s] * out_dim + o;
-      for (int64_t t = 0; t < nt; ++t) {
-        const float v = dot(buf.data(), xs + (size_t)t * in_dim, in_dim);
-        ys[(size_t)t * out_dim] = accumulate ? ys[(size_t)t * out_dim] + v : v;
-      }
+      for (size_t t = 0; t < nt; ++t) ys[t * out_dim] = accumulate ? ys[t * out_dim] + tmp[t] : tmp[t];
     }
   }, 8);
 }

@@ -1,98 +1,140 @@
-// AVX2+FMA row decoders and dot product of the resplit kernels. Called only
-// when isa.cpp reports AVX2, FMA and OS YMM support.
+// AVX2+FMA fused decode x activation kernels of the resplit formats. Called
+// only when isa.cpp reports AVX2, FMA, F16C and OS YMM state. Up to 4 tokens
+// share each decoded register (prefill); 1 token is the decode GEMV.
 #include "resplit.h"
 
 #if RMOE_X86
 #include <immintrin.h>
 
-#include "convert.h"
+#include <cstring>
 
 namespace rmoe {
 namespace resplit {
 
-void dequant_row_wq_avx2(const uint8_t* q, size_t nb, float* out) {
-  // Lanes = the 8 bytes of a block; lane 6 keeps only its 2-trit nibble, lane 7 none.
-  const __m256i keep = _mm256_setr_epi32(255, 255, 255, 255, 255, 255, 0xF0, 0);
-  const __m256i m255 = _mm256_set1_epi32(255), one = _mm256_set1_epi32(1);
-  for (size_t b = 0; b < nb; ++b, q += 8, out += 32) {
-    const uint32_t code = (q[6] & 0xFu) | ((uint32_t)q[7] << 4);
-    const __m256 dq = _mm256_set1_ps(f16_to_f32((uint16_t)(code << 3)));
-    __m256i u = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)q)), keep);
-    float w30 = 0.f, w31 = 0.f;
-    for (int i = 0; i < 5; ++i) {
-      u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 1));  // u *= 3
-      const __m256i d = _mm256_sub_epi32(_mm256_srli_epi32(u, 8), one);
-      u = _mm256_and_si256(u, m255);
-      const __m256 v = _mm256_mul_ps(dq, _mm256_cvtepi32_ps(d));
-      _mm256_storeu_ps(out + 6 * i, v);  // lanes 6,7 are overwritten by the next digit
-      if (i < 2) {
-        const float l6 = _mm_cvtss_f32(_mm_shuffle_ps(_mm256_extractf128_ps(v, 1), _mm256_extractf128_ps(v, 1), 2));
-        (i == 0 ? w30 : w31) = l6;
-      }
-    }
-    out[30] = w30;
-    out[31] = w31;
-  }
+namespace {
+
+inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
+
+inline float hsum(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
 }
 
-void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+// WQ on int8 activations (prep_wq_q8): 4 blocks per register, one byte lane per
+// weight byte. Digit of state u: (u >= 86) + (u >= 171), next state 3u mod 256;
+// digits (0..2) times int8 x by maddubs (pairs <= 2*2*127, no saturation).
+template <int NT>
+void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
+  const __m256i c86 = _mm256_set1_epi8(86), c171 = _mm256_set1_epi8((char)171), ones16 = _mm256_set1_epi16(1);
+  const __m256i lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
+  __m256 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
+  alignas(32) uint8_t tail[32];
+  for (size_t b = 0; b < nb; b += 4, q += 32) {
+    const uint8_t* src = q;
+    if (nb - b < 4) {  // last partial step: never read past the row
+      std::memset(tail, 0, 32);
+      std::memcpy(tail, q, 8 * (nb - b));
+      src = tail;
+    }
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)src);
+    const __m256i t16 = _mm256_srli_epi32(raw, 16);  // odd lanes: bytes 6, 7 of a block
+    __m256i h = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(t16, lo4), 3),
+                                _mm256_and_si256(_mm256_srli_epi32(t16, 1), hi8));
+    h = _mm256_shuffle_epi32(h, 0xF5);
+    const __m256 dq = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    __m256i u = _mm256_and_si256(raw, keep);
+    const float* g = xp + (b / 8) * 112;
+    const size_t half = (b % 8) / 4;  // blocks 0-3 or 4-7 of the 8-block group
+    __m256i acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
+    for (int i = 0; i < 5; ++i) {
+      const __m256i m1 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c86), u);
+      const __m256i m2 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c171), u);
+      const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), m1), m2);
+      u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i xq = _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half));
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(d, xq), ones16));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float* gt = g + t * xs + 8 * half;
+      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_loadu_ps(gt + 80), _mm256_loadu_ps(gt + 96));
+      tot[t] = _mm256_fmadd_ps(dq, v, tot[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
+}
+
+template <int NT>
+void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const float D = h2f(q[0] | (q[1] << 8));
   q += 2;
   const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
   const __m256i seven = _mm256_set1_epi32(7), mask = _mm256_set1_epi32((1 << 19) - 1);
-  const __m256 lv = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);  // WR levels by digit
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
+  const __m256 lv = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);
+  __m256 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; ++b, q += 21) {
     const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
     const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
     u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh), seven), 16));
-    for (int s = 0; s < 4; ++s) {
-      const __m256 dr = _mm256_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]);
-      for (int h = 0; h < 2; ++h) {
-        u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
-        const __m256i d = _mm256_srli_epi32(u, 19);
-        u = _mm256_and_si256(u, mask);
-        _mm256_storeu_ps(out + 16 * s + 8 * h, _mm256_mul_ps(dr, _mm256_permutevar8x32_ps(lv, d)));
-      }
+    for (int i = 0; i < 8; ++i) {  // digit i of groups 0-7 = weights 8i..8i+7
+      u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
+      const __m256i d = _mm256_srli_epi32(u, 19);
+      u = _mm256_and_si256(u, mask);
+      const __m256 w = _mm256_mul_ps(_mm256_permutevar8x32_ps(lv, d), _mm256_set1_ps(D * kWrTable[(sc >> (4 * (i >> 1))) & 0xF]));
+      for (int t = 0; t < NT; ++t) tot[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 64 * b + 8 * i), tot[t]);
     }
   }
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
 }
 
-void dequant_row_d4_avx2(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
+template <int NT>
+void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
   const __m128i m4 = _mm_set1_epi8(0xF);
-  for (size_t b = 0; b < nb; ++b, q += 18, out += 32) {
-    const __m256 d = _mm256_set1_ps(D * (float)q[16]), dm = _mm256_set1_ps(M * (float)q[17]);
+  __m256 tot[NT];
+  float corr[NT];
+  for (int t = 0; t < NT; ++t) { tot[t] = _mm256_setzero_ps(); corr[t] = 0.f; }
+  for (size_t b = 0; b < nb; ++b, q += 18) {
+    const __m256 d = _mm256_set1_ps(D * (float)q[16]);
     const __m128i raw = _mm_loadu_si128((const __m128i*)q);
     const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const float dm = M * (float)q[17];
     for (int p = 0; p < 4; ++p) {
-      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p]));
-      _mm256_storeu_ps(out + 8 * p, _mm256_sub_ps(_mm256_mul_ps(d, v), dm));
+      const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p])));
+      for (int t = 0; t < NT; ++t) tot[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 32 * b + 8 * p), tot[t]);
     }
+    for (int t = 0; t < NT; ++t) corr[t] += dm * xp[t * xs + nb * 32 + b];
   }
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - corr[t];
 }
 
-float dot_avx2(const float* a, const float* b, size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+#define RMOE_TILED(name, tile)                                                                        \
+  void name(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) { \
+    size_t t = 0;                                                                                     \
+    for (; t + 4 <= T; t += 4) tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys);                       \
+    switch (T - t) {                                                                                  \
+      case 3: tile<3>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      case 2: tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      case 1: tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      default: break;                                                                                 \
+    }                                                                                                 \
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  float acc = _mm_cvtss_f32(r);
-  for (; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
+
+}  // namespace
+
+RMOE_TILED(row_dot_wq_avx2, wq_tile)
+RMOE_TILED(row_dot_wr_avx2, wr_tile)
+RMOE_TILED(row_dot_d4_avx2, d4_tile)
 
 }  // namespace resplit
 }  // namespace rmoe
@@ -100,10 +142,15 @@ float dot_avx2(const float* a, const float* b, size_t n) {
 #else  // non-x86: never selected by the dispatcher
 namespace rmoe {
 namespace resplit {
-void dequant_row_wq_avx2(const uint8_t* q, size_t nb, float* o) { dequant_row_wq_scalar(q, nb, o); }
-void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* o) { dequant_row_wr_scalar(q, nb, o); }
-void dequant_row_d4_avx2(const uint8_t* q, size_t nb, float* o) { dequant_row_d4_scalar(q, nb, o); }
-float dot_avx2(const float* a, const float* b, size_t n) { return dot_scalar(a, b, n); }
+void row_dot_wq_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_wq_scalar(q, nb, xp, xs, T, y, ys);
+}
+void row_dot_wr_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
+}
+void row_dot_d4_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
+}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -1,103 +1,153 @@
-// AVX-512 row decoders and dot product of the resplit kernels. Called only
-// when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state support.
+// AVX-512 fused decode x activation kernels of the resplit formats. Called only
+// when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state. Up to 4 tokens
+// share each decoded register (prefill); 1 token is the decode GEMV.
+#include "isa.h"
 #include "resplit.h"
 
 #if RMOE_X86
 #include <immintrin.h>
 
-#include "convert.h"
-
 namespace rmoe {
 namespace resplit {
 
-void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* out) {
-  size_t b = 0;
-  if (nb >= 2) {
-    // Two blocks per register: lanes 0-7 block b, 8-15 block b+1.
-    const __m512i keep = _mm512_setr_epi32(255, 255, 255, 255, 255, 255, 0xF0, 0, 255, 255, 255, 255, 255, 255, 0xF0, 0);
-    const __m512i m255 = _mm512_set1_epi32(255), one = _mm512_set1_epi32(1);
-    for (; b + 2 <= nb; b += 2, q += 16, out += 64) {
-      const uint32_t c0 = (q[6] & 0xFu) | ((uint32_t)q[7] << 4), c1 = (q[14] & 0xFu) | ((uint32_t)q[15] << 4);
-      const __m512 dq = _mm512_insertf32x8(_mm512_set1_ps(f16_to_f32((uint16_t)(c0 << 3))),
-                                           _mm256_set1_ps(f16_to_f32((uint16_t)(c1 << 3))), 1);
-      __m512i u = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q)), keep);
-      alignas(64) float l6[2][16];
-      for (int i = 0; i < 5; ++i) {
-        u = _mm512_add_epi32(u, _mm512_slli_epi32(u, 1));  // u *= 3
-        const __m512i d = _mm512_sub_epi32(_mm512_srli_epi32(u, 8), one);
-        u = _mm512_and_si512(u, m255);
-        const __m512 v = _mm512_mul_ps(dq, _mm512_cvtepi32_ps(d));
-        _mm256_storeu_ps(out + 6 * i, _mm512_castps512_ps256(v));
-        _mm256_storeu_ps(out + 32 + 6 * i, _mm512_extractf32x8_ps(v, 1));
-        if (i < 2) _mm512_store_ps(l6[i], v);
+namespace {
+
+inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
+
+// WQ on int8 activations (prep_wq_q8): 8 blocks per register, one byte lane per
+// weight byte. Digit of state u: (u > 85) + (u > 170), next state 3u mod 256;
+// the digits (0..2) times int8 x are summed by VNNI (or maddubs without it).
+template <int NT, bool VNNI>
+void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const __m512i keep = _mm512_set1_epi64(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
+  const __m512i c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
+  const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), ones16 = _mm512_set1_epi16(1);
+  const __m512i lo4 = _mm512_set1_epi32(0xF), hi8 = _mm512_set1_epi32(0x7F80);
+  __m512 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; b += 8, q += 64) {
+    const size_t nbl = nb - b < 8 ? nb - b : 8;
+    const __mmask64 lm = nbl == 8 ? ~0ull : (1ull << (8 * nbl)) - 1;
+    const __m512i raw = _mm512_maskz_loadu_epi8(lm, q);
+    // Block scales: odd int32 lanes hold bytes 4-7; f16 bits = (b6 & 15) << 3 | b7 << 7.
+    const __m512i t16 = _mm512_srli_epi32(raw, 16);
+    __m512i h = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t16, lo4), 3),
+                                _mm512_and_si512(_mm512_srli_epi32(t16, 1), hi8));
+    h = _mm512_shuffle_epi32(h, _MM_PERM_DDBB);  // odd lane -> both lanes of its block
+    const __m512 dq = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    __m512i u = _mm512_and_si512(raw, keep);
+    const float* g = xp + (b / 8) * 112;
+    __m512i acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
+    for (int i = 0; i < 5; ++i) {
+      const __mmask64 k1 = _mm512_cmpgt_epu8_mask(u, c85), k2 = _mm512_cmpgt_epu8_mask(u, c170);
+      const __m512i d = _mm512_mask_blend_epi8(k2, _mm512_maskz_mov_epi8(k1, one), two);
+      u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
+      for (int t = 0; t < NT; ++t) {
+        const __m512i xq = _mm512_loadu_si512(g + t * xs + 16 * i);
+        if (VNNI) acc[t] = _mm512_dpbusd_epi32(acc[t], d, xq);
+        else acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(_mm512_maddubs_epi16(d, xq), ones16));
       }
-      out[30] = l6[0][6];
-      out[31] = l6[1][6];
-      out[62] = l6[0][14];
-      out[63] = l6[1][14];
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float* gt = g + t * xs;
+      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_loadu_ps(gt + 80), _mm512_loadu_ps(gt + 96));
+      tot[t] = _mm512_fmadd_ps(dq, v, tot[t]);
     }
   }
-  if (b < nb) dequant_row_wq_avx2(q, nb - b, out);
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
+}
+template <int NT>
+void wq_tile_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  wq_tile<NT, true>(q, nb, xp, xs, y, ys);
+}
+template <int NT>
+void wq_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  wq_tile<NT, false>(q, nb, xp, xs, y, ys);
 }
 
-void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+template <int NT>
+void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const float D = h2f(q[0] | (q[1] << 8));
   q += 2;
-  // Lanes 0-7: digit 2s of groups 0-7; lanes 8-15: digit 2s+1. One 16-float store per sub-block.
   const __m512i sh = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
   const __m512i seven = _mm512_set1_epi32(7), mask = _mm512_set1_epi32((1 << 19) - 1);
-  const __m512 lv = _mm512_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);  // WR levels
-  const __m512i p01 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 5, 5, 5, 5, 5, 5, 5, 5);
-  const __m512i p25 = _mm512_set1_epi32(25);
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
+  const __m512 lv = _mm512_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  // Lanes 0-7: digit 2s of groups 0-7, lanes 8-15: digit 2s+1 -> weights 16s..16s+15 in order.
+  // u_s = v * 5^(2s) | v * 5^(2s+1) (mod 2^19): four independent products.
+  __m512i pw[4];
+  for (int s = 0; s < 4; ++s) {
+    uint32_t a = 1;
+    for (int i = 0; i < 2 * s; ++i) a *= 5;
+    pw[s] = _mm512_inserti64x4(_mm512_set1_epi32((int)a), _mm256_set1_epi32((int)(a * 5)), 1);
+  }
+  __m512 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; ++b, q += 21) {
     const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
     const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
     __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), lo, 1);
     v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi), sh), seven), 16));
-    // u = v * 5^(2s) (lanes 0-7) or v * 5^(2s+1) (lanes 8-15), mod 2^19.
-    __m512i u = _mm512_and_si512(_mm512_mullo_epi32(v, p01), mask);
     for (int s = 0; s < 4; ++s) {
-      const __m512 dr = _mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]);
-      const __m512i u5 = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));
-      const __m512i d = _mm512_srli_epi32(u5, 19);
-      _mm512_storeu_ps(out + 16 * s, _mm512_mul_ps(dr, _mm512_permutexvar_ps(d, lv)));
-      u = _mm512_and_si512(_mm512_mullo_epi32(u, p25), mask);
+      __m512i u = _mm512_and_si512(_mm512_mullo_epi32(v, pw[s]), mask);
+      u = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));  // 5u: the digit is its bits 21:19
+      const __m512 w = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(u, 19), lv),
+                                     _mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]));
+      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xp + t * xs + 64 * b + 16 * s), tot[t]);
     }
   }
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
 }
 
-void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
+template <int NT>
+void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
   const __m512i m4 = _mm512_set1_epi32(0xF);
-  for (size_t b = 0; b < nb; ++b, q += 18, out += 32) {
-    const __m512 d = _mm512_set1_ps(D * (float)q[16]), dm = _mm512_set1_ps(M * (float)q[17]);
+  __m512 tot[NT];
+  float corr[NT];
+  for (int t = 0; t < NT; ++t) { tot[t] = _mm512_setzero_ps(); corr[t] = 0.f; }
+  for (size_t b = 0; b < nb; ++b, q += 18) {
     const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q));
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(raw, m4));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4));
-    _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_mul_ps(d, lo), dm));
-    _mm512_storeu_ps(out + 16, _mm512_sub_ps(_mm512_mul_ps(d, hi), dm));
+    const __m512 d = _mm512_set1_ps(D * (float)q[16]);
+    const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(raw, m4)));
+    const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4)));
+    const float dm = M * (float)q[17];
+    for (int t = 0; t < NT; ++t) {
+      const float* x = xp + t * xs + 32 * b;
+      tot[t] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), tot[t]);
+      tot[t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), tot[t]);
+      corr[t] += dm * xp[t * xs + nb * 32 + b];
+    }
   }
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]) - corr[t];
 }
 
-float dot_avx512(const float* a, const float* b, size_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
-    s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+#define RMOE_TILED(name, tile)                                                                        \
+  void name(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) { \
+    size_t t = 0;                                                                                     \
+    for (; t + 4 <= T; t += 4) tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys);                       \
+    switch (T - t) {                                                                                  \
+      case 3: tile<3>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      case 2: tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      case 1: tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
+      default: break;                                                                                 \
+    }                                                                                                 \
   }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-  if (i < n) {
-    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+
+RMOE_TILED(row_dot_wq_vnni, wq_tile_vnni)
+RMOE_TILED(row_dot_wq_bw, wq_tile_bw)
+
+}  // namespace
+
+// VNNI only where isa.cpp saw it (AVX-512 without VNNI takes maddubs + madd).
+void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  static const bool vnni = cpu_features().avx512vnni;
+  (vnni ? row_dot_wq_vnni : row_dot_wq_bw)(q, nb, xp, xs, T, y, ys);
 }
+RMOE_TILED(row_dot_wr_avx512, wr_tile)
+RMOE_TILED(row_dot_d4_avx512, d4_tile)
 
 }  // namespace resplit
 }  // namespace rmoe
@@ -105,10 +155,15 @@ float dot_avx512(const float* a, const float* b, size_t n) {
 #else  // non-x86: never selected by the dispatcher
 namespace rmoe {
 namespace resplit {
-void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* o) { dequant_row_wq_scalar(q, nb, o); }
-void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* o) { dequant_row_wr_scalar(q, nb, o); }
-void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* o) { dequant_row_d4_scalar(q, nb, o); }
-float dot_avx512(const float* a, const float* b, size_t n) { return dot_scalar(a, b, n); }
+void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_wq_scalar(q, nb, xp, xs, T, y, ys);
+}
+void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
+}
+void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
+}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

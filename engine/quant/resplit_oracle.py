@@ -335,6 +335,20 @@ def dequantize_d4(q: np.ndarray, n: int) -> np.ndarray:
     return w.reshape(*shape[:-1], nb * 32)[..., :n]
 
 
+def q8_activations(x: np.ndarray) -> np.ndarray:
+    """x as the SIMD WQ kernels see it: per 32 values sx*rint(x*127/max|x|), sx = max|x|/127."""
+    x = np.asarray(x, np.float32)
+    n = x.shape[-1]
+    pad = np.zeros(x.shape[:-1] + (-(-n // 32) * 32,), np.float32)
+    pad[..., :n] = x
+    b = pad.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, _F32(127) / amax, _F32(0)).astype(np.float32)
+    xh = (amax / _F32(127)) * np.rint(b * inv)
+    return xh.reshape(pad.shape)[..., :n]
+
+
 QUANTIZE = {"wq": quantize_wq, "d4": quantize_d4}
 DEQUANTIZE = {"wq": dequantize_wq, "wr": dequantize_wr, "d4": dequantize_d4}
 

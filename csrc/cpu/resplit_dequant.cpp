@@ -1,0 +1,100 @@
+// Resplit row decoders: the scalar references, their ISA dispatch and the
+// multithreaded dequantizer (also the reference the fused kernels are tested by).
+#include <cstring>
+#include <vector>
+
+#include "convert.h"
+#include "isa.h"
+#include "resplit.h"
+#include "threadpool.h"
+
+namespace rmoe {
+namespace resplit {
+
+// ---------------------------------------------------------------- scalar reference
+void dequant_row_wq_scalar(const uint8_t* q, size_t nb, float* out) {
+  for (size_t b = 0; b < nb; ++b, q += 8, out += 32) {
+    const uint32_t code = (q[6] & 0xFu) | ((uint32_t)q[7] << 4);
+    const float dq = f16_to_f32((uint16_t)(code << 3));
+    for (int j = 0; j < 6; ++j) {
+      uint32_t u = q[j];
+      for (int i = 0; i < 5; ++i) {
+        u *= 3;
+        out[6 * i + j] = dq * (float)((int)(u >> 8) - 1);
+        u &= 255;
+      }
+    }
+    uint32_t u = q[6] & 0xF0u;
+    for (int i = 0; i < 2; ++i) {
+      u *= 3;
+      out[30 + i] = dq * (float)((int)(u >> 8) - 1);
+      u &= 255;
+    }
+  }
+}
+
+void dequant_row_wr_scalar(const uint8_t* q, size_t nb, float* out) {
+  static const float kLv[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};  // WR levels by digit
+  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+  q += 2;
+  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
+    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
+    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
+    float dr[4];
+    for (int s = 0; s < 4; ++s) dr[s] = D * kWrTable[(sc >> (4 * s)) & 0xF];
+    for (int g = 0; g < 8; ++g) {
+      uint32_t u = (q[2 * g] | ((uint32_t)q[2 * g + 1] << 8)) | (((hi >> (3 * g)) & 7u) << 16);
+      for (int i = 0; i < 8; ++i) {
+        u *= 5;
+        out[8 * i + g] = dr[i >> 1] * kLv[u >> 19];
+        u &= (1u << 19) - 1;
+      }
+    }
+  }
+}
+
+void dequant_row_d4_scalar(const uint8_t* q, size_t nb, float* out) {
+  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+  const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
+  q += 4;
+  for (size_t b = 0; b < nb; ++b, q += 18, out += 32) {
+    const float d = D * (float)q[16], dm = M * (float)q[17];
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * (float)(q[j] & 0xF) - dm;
+      out[j + 16] = d * (float)(q[j] >> 4) - dm;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dispatch
+namespace {
+size_t block_of(Fmt f) { return f == Fmt::WR ? 64 : 32; }
+}  // namespace
+
+DequantRowFn dequant_row_fn(Fmt fmt) {
+  static const Isa isa = active_isa();
+#if RMOE_X86
+  if (isa == Isa::Avx512) {
+    return fmt == Fmt::WQ ? dequant_row_wq_avx512 : fmt == Fmt::WR ? dequant_row_wr_avx512 : dequant_row_d4_avx512;
+  }
+  if (isa == Isa::Avx2) {
+    return fmt == Fmt::WQ ? dequant_row_wq_avx2 : fmt == Fmt::WR ? dequant_row_wr_avx2 : dequant_row_d4_avx2;
+  }
+#endif
+  return fmt == Fmt::WQ ? dequant_row_wq_scalar : fmt == Fmt::WR ? dequant_row_wr_scalar : dequant_row_d4_scalar;
+}
+
+void dequantize(Fmt fmt, const uint8_t* q, size_t rows, size_t n, float* out) {
+  const size_t rb = row_bytes(fmt, n), bl = block_of(fmt), nb = (n + bl - 1) / bl;
+  const DequantRowFn fn = dequant_row_fn(fmt);
+  parallel_for(rows, [&](size_t b, size_t e, int) {
+    std::vector<float> buf(nb * bl);
+    for (size_t r = b; r < e; ++r) {
+      fn(q + r * rb, nb, buf.data());
+      std::memcpy(out + r * n, buf.data(), n * sizeof(float));
+    }
+  }, 16);
+}
+
+}  // namespace resplit
+}  // namespace rmoe
