@@ -93,9 +93,12 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
 
     from rapidmoe.engine import kernels
 
+    (n,) = threads
+    kernels.set_num_threads(n)  # before any parallel work
+    torch.set_num_threads(n)
     isa = kernels.isa_info()["active"]
     rng = np.random.default_rng(0)
-    bw = {n: read_bandwidth(n) for n in threads}
+    bw = {n: read_bandwidth(n)}
     for name in types:
         validate(kernels, name)
         qtype = int(G[name])
@@ -103,8 +106,6 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
         copies = [w0] + [random_tensor(rng, name, ROWS, K) for _ in range(max(0, WORKING_SET // w0.nbytes - 1))]
         x1 = rng.standard_normal((1, K)).astype(np.float32)
         for n in threads:
-            kernels.set_num_threads(n)
-            torch.set_num_threads(n)
             reps = 3 if isa != "scalar" else 1
 
             def gemv_all():
@@ -153,25 +154,29 @@ def main() -> int:
         if isa != "scalar" and not info.get(isa):
             print(f"skipping {isa}: not available on this CPU", file=sys.stderr)
             continue
-        cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", args.threads]
-        if args.no_gemm:
-            cmd.append("--no-gemm")
-        proc = subprocess.run(cmd, env=dict(os.environ, RAPIDMOE_ISA=isa), capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(proc.stderr, file=sys.stderr)
-            return proc.returncode
-        for line in proc.stdout.splitlines():
-            rows.append(json.loads(line))
-            if not args.json:
-                r = rows[-1]
-                gemm = (f" | gemm T=512 {r['gemm_gflops']:5.1f} ({r['gemm_gflops_cpu']:5.1f}) GFLOP/s,"
-                        f" torch f32 {r['torch_f32_gflops']:5.1f} ({r['torch_f32_gflops_cpu']:5.1f})"
-                        if "gemm_gflops" in r else "")
-                print(f"{r['type']:5} {r['isa']:6} {r['threads']}t | gemv {r['gemv_gbs']:5.2f} ({r['gemv_gbs_cpu']:5.2f}) GB/s"
-                      f" = {100 * r['gemv_frac']:3.0f}% of read {r['read_gbs']:5.2f}{gemm}", flush=True)
+        for n in threads:  # one process per setting: the ISA is fixed per process, threads set before any work
+            cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", str(n)]
+            if args.no_gemm:
+                cmd.append("--no-gemm")
+            with subprocess.Popen(cmd, env=dict(os.environ, RAPIDMOE_ISA=isa), stdout=subprocess.PIPE, text=True) as proc:
+                for line in proc.stdout:
+                    rows.append(report(line, args.json))
+            if proc.returncode != 0:
+                return proc.returncode or 1
     if args.json:
         print(json.dumps(rows))
     return 0
+
+
+def report(line: str, quiet: bool) -> dict:
+    r = json.loads(line)
+    if not quiet:
+        gemm = (f" | gemm T=512 {r['gemm_gflops']:5.1f} ({r['gemm_gflops_cpu']:5.1f}) GFLOP/s,"
+                f" torch f32 {r['torch_f32_gflops']:5.1f} ({r['torch_f32_gflops_cpu']:5.1f})"
+                if "gemm_gflops" in r else "")
+        print(f"{r['type']:5} {r['isa']:6} {r['threads']}t | gemv {r['gemv_gbs']:5.2f} ({r['gemv_gbs_cpu']:5.2f}) GB/s"
+              f" = {100 * r['gemv_frac']:3.0f}% of read {r['read_gbs']:5.2f}{gemm}", flush=True)
+    return r
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 // Matmul with weights kept in their GGUF type: y [T, rows] = x [T, k] @ W^T.
 //
-// Rows are processed in blocks of RB: each block is dequantized KC columns at
-// a time into a small f32 buffer (exact values, L1/L2 resident) and reused by
-// every activation row, so T=1 (decode) reads W once and T=512 (prefill)
-// dequantizes each weight once, not T times. Activations stay f32: results
-// match dequantize(W) @ x up to f32 summation order. Row blocks are spread
-// over the thread pool; this file is the only one that calls parallel_for, so
-// the ISA files stay free of library templates (see ggml_blocks.h).
+// Rows are processed in blocks of RB, spread over the thread pool. Two paths:
+// * T <= 4 (decode): the ISA file's fused GEMV unpacks each weight block into
+//   registers and multiplies it at once; W is streamed from memory once.
+// * larger T (prefill): each row block is dequantized KC columns at a time
+//   into a small f32 buffer (L1/L2 resident) and reused by every activation
+//   row, so each weight is dequantized once, not T times.
+// Activations stay f32 and weights dequantize exactly: results match
+// dequantize(W) @ x up to f32 summation order. This file is the only one that
+// calls parallel_for, so the ISA files stay free of library templates (see
+// ggml_blocks.h on linkage).
 #include <algorithm>
 #include <cstring>
 #include <vector>

@@ -27,9 +27,13 @@ RMOE_INLINE float h2f(const uint8_t* p) { return _cvtsh_ss(ld16(p)); }
 RMOE_INLINE __m128i ld128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 RMOE_INLINE __m512i iota16() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 
-// table[j] = a * (j + off) + m, rounded like the reference (product, then sum).
+// table[j] = a * (j + off) + m, rounded like the reference (product, then sum)
+// for the dequantizer; the GEMV (EXACT false) may fuse it into one FMA.
+template <bool EXACT>
 RMOE_INLINE __m512 table_am(float a, int off, float m) {
-  __m512 p = _mm512_mul_ps(_mm512_set1_ps(a), _mm512_cvtepi32_ps(_mm512_add_epi32(iota16(), _mm512_set1_epi32(off))));
+  const __m512 j = _mm512_cvtepi32_ps(_mm512_add_epi32(iota16(), _mm512_set1_epi32(off)));
+  if (!EXACT) return _mm512_fmadd_ps(_mm512_set1_ps(a), j, _mm512_set1_ps(m));
+  __m512 p = _mm512_mul_ps(_mm512_set1_ps(a), j);
   RMOE_NOFUSE(p);
   return _mm512_add_ps(p, _mm512_set1_ps(m));
 }
@@ -47,7 +51,7 @@ RMOE_INLINE void q4_0(const uint8_t* b, K& o) {
 
 template <class K>
 RMOE_INLINE void q4_1(const uint8_t* b, K& o) {
-  const __m512 t = table_am(h2f(b), 0, h2f(b + 2));
+  const __m512 t = table_am<K::exact>(h2f(b), 0, h2f(b + 2));
   const __m512i i = _mm512_cvtepu8_epi32(ld128(b + 4));
   o.put(0, _mm512_permutexvar_ps(i, t));
   o.put(16, _mm512_permutexvar_ps(_mm512_srli_epi32(i, 4), t));
@@ -78,7 +82,7 @@ RMOE_INLINE void q5_1(const uint8_t* b, K& o) {
   const float d = h2f(b), m = h2f(b + 2);
   const uint32_t qh = ld32(b + 4);
   q5_store(_mm512_cvtepu8_epi32(ld128(b + 8)), (__mmask16)(qh & 0xffff), (__mmask16)(qh >> 16),
-           table_am(d, 0, m), table_am(d, 16, m), o);
+           table_am<K::exact>(d, 0, m), table_am<K::exact>(d, 16, m), o);
 }
 
 template <class K>
@@ -142,9 +146,12 @@ RMOE_INLINE __m512 k4_scales(const uint8_t* s, float d, float dmin) {
 }
 RMOE_INLINE __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
 
-// table[j] = ds * (j + off) - dm, product rounded first
+// table[j] = ds * (j + off) - dm, product rounded first unless EXACT is false
+template <bool EXACT>
 RMOE_INLINE __m512 table_k(__m512 ds, int off, __m512 dm) {
-  __m512 p = _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_add_epi32(iota16(), _mm512_set1_epi32(off))));
+  const __m512 j = _mm512_cvtepi32_ps(_mm512_add_epi32(iota16(), _mm512_set1_epi32(off)));
+  if (!EXACT) return _mm512_fmsub_ps(ds, j, dm);
+  __m512 p = _mm512_mul_ps(ds, j);
   RMOE_NOFUSE(p);
   return _mm512_sub_ps(p, dm);
 }
@@ -154,8 +161,8 @@ RMOE_INLINE void q4_k(const uint8_t* b, K& o) {
   const __m512 sm = k4_scales(b + 4, h2f(b), h2f(b + 2));
   const uint8_t* qs = b + 16;
   for (int j = 0; j < 4; ++j) {
-    const __m512 tl = table_k(lane(sm, 2 * j), 0, lane(sm, 8 + 2 * j));
-    const __m512 th = table_k(lane(sm, 2 * j + 1), 0, lane(sm, 9 + 2 * j));
+    const __m512 tl = table_k<K::exact>(lane(sm, 2 * j), 0, lane(sm, 8 + 2 * j));
+    const __m512 th = table_k<K::exact>(lane(sm, 2 * j + 1), 0, lane(sm, 9 + 2 * j));
     const __m512i a = _mm512_cvtepu8_epi32(ld128(qs + 32 * j));
     const __m512i c = _mm512_cvtepu8_epi32(ld128(qs + 32 * j + 16));
     const int oj = 64 * j;
@@ -178,7 +185,7 @@ RMOE_INLINE void q5_k(const uint8_t* b, K& o) {
     for (int u = 0; u < 2; ++u) {
       const int sb = 2 * j + u;
       const __m512 ds = lane(sm, sb), dm = lane(sm, 8 + sb);
-      const __m512 t0 = table_k(ds, 0, dm), t1 = table_k(ds, 16, dm);
+      const __m512 t0 = table_k<K::exact>(ds, 0, dm), t1 = table_k<K::exact>(ds, 16, dm);
       const __m128i bit = _mm_set1_epi8((char)(1 << sb));
       __m512i ia = _mm512_and_si512(u ? _mm512_srli_epi32(a, 4) : a, mask);
       __m512i ic = _mm512_and_si512(u ? _mm512_srli_epi32(c, 4) : c, mask);
