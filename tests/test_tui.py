@@ -238,6 +238,7 @@ def test_slash_commands(tmp_path, monkeypatch):
             await send(pilot, "code please")
             await wait_for(pilot, lambda: not scr.generating)
             assert backend.calls[-1][0] == {"role": "system", "content": "You are terse."}
+            assert app.store.get_chat(scr.chat.id).title == "code please"  # named by its first prompt
             await pilot.press("ctrl+t")
             assert app.clipboard == backend.replies[0]
             await pilot.press("ctrl+b")

@@ -49,7 +49,7 @@ class ChatActions:
             if v.message_id is not None and v.message_id >= last.id:
                 await v.remove()
         em = self.engine_chat.messages
-        idx = max(i for i, m in enumerate(em) if m["role"] == "user")
+        idx = max((i for i, m in enumerate(em) if m["role"] == "user"), default=len(em))
         del em[idx:]  # the KV cache keeps the common prefix; only the edited turn is recomputed
         self.prompt.load_text(last.content)
         self.prompt.move_cursor(self.prompt.document.end)

@@ -230,12 +230,13 @@ class ChatScreen(ChatActions, Screen):
 
     # --- engine chat state ---
     def params(self):
-        """Model defaults < config [sampling] < this chat's settings < command-line flags."""
+        """Model defaults < config [sampling] < command-line flags < this chat's own settings
+        (set later and on purpose, with /set or the settings screen)."""
         from .app import to_params
 
         base = self.model.defaults if self.model else None
-        return to_params(base, self.app.config.sampling, self.chat.params if self.chat else {},
-                         self.app.overrides)
+        return to_params(base, self.app.config.sampling, self.app.overrides,
+                         self.chat.params if self.chat else {})
 
     def system_prompt(self) -> str:
         return self.chat.system if self.chat else self.app.default_system
@@ -278,6 +279,10 @@ class ChatScreen(ChatActions, Screen):
             self.chat = store.create_chat(_title_from(text), model=self.model.spec,
                                           system=self.app.default_system,
                                           params=self.app.new_chat_params())
+            self._set_title()
+        elif self.chat.title == "New chat" and not store.messages(self.chat.id):
+            store.rename_chat(self.chat.id, _title_from(text))  # made early by a setting
+            self.chat = store.get_chat(self.chat.id)
             self._set_title()
         msg = store.add_message(self.chat.id, "user", text)
         await self.log_view.mount(MessageView("user", text, message_id=msg.id))
