@@ -599,3 +599,16 @@ def test_a_second_load_supersedes_the_first(tmp_path):
             assert not scr.is_loading and "loading cancelled" not in " ".join(notes(scr))
 
     asyncio.run(main())
+
+
+def test_opens_on_the_last_used_model(tmp_path):
+    backend = ScriptedBackend()
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        app.store.set_state("last_model", "used-before.gguf")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+        assert backend.loaded == ["used-before.gguf"]
+
+    asyncio.run(main())
