@@ -1,0 +1,126 @@
+// Shared helpers for the CUDA kernels. No system headers: every .cu file here
+// compiles with nvcc and with NVRTC alike (NVRTC has no standard library), and
+// the per-block math is __host__ __device__ so a host harness can check it
+// against the numpy oracles on a machine without a GPU.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef short i16;
+typedef long long i64;
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define RMOE_HD __host__ __device__ __forceinline__
+#else
+#define RMOE_HD inline
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define RMOE_DEVICE_PATH 1
+#else
+#define RMOE_DEVICE_PATH 0
+#endif
+
+namespace rmoe_cuda {
+
+RMOE_HD u32 ld_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
+RMOE_HD u32 ld_u32(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
+
+RMOE_HD float bits_to_float(u32 b) {
+#if RMOE_DEVICE_PATH
+  return __uint_as_float(b);
+#else
+  union { u32 u; float f; } v;
+  v.u = b;
+  return v.f;
+#endif
+}
+
+RMOE_HD u32 float_to_bits(float f) {
+#if RMOE_DEVICE_PATH
+  return __float_as_uint(f);
+#else
+  union { u32 u; float f; } v;
+  v.f = f;
+  return v.u;
+#endif
+}
+
+// IEEE half bits -> float, exact (as numpy's float16 -> float32).
+RMOE_HD float half_to_float(u32 h) {
+#if RMOE_DEVICE_PATH
+  float f;
+  unsigned short hs = (unsigned short)h;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(hs));
+  return f;
+#else
+  const u32 sign = (h & 0x8000u) << 16, em = h & 0x7fffu;
+  if (em >= 0x7c00u) return bits_to_float(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em >= 0x0400u) return bits_to_float(sign | ((em + ((127u - 15u) << 10)) << 13));
+  const float f = (float)em * 5.9604644775390625e-08f;  // subnormal: em * 2^-24
+  return bits_to_float(float_to_bits(f) | sign);
+#endif
+}
+
+// float -> bfloat16 bits, round to nearest even (NaN kept a NaN).
+RMOE_HD u16 float_to_bf16(float f) {
+  const u32 b = float_to_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40);
+  return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+// PRMT: byte s_i (0..7) of {b:a} into byte i of the result.
+RMOE_HD u32 byte_perm(u32 a, u32 b, u32 s) {
+#if RMOE_DEVICE_PATH
+  return __byte_perm(a, b, s);
+#else
+  u32 r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const u32 k = (s >> (4 * i)) & 7u;
+    const u32 byte = k < 4 ? (a >> (8 * k)) & 0xffu : (b >> (8 * (k - 4))) & 0xffu;
+    r |= byte << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// c + a.lo16*b.byte0 + a.hi16*b.byte1 (a: two signed 16-bit, b: unsigned bytes).
+RMOE_HD int dp2a_lo_su(u32 a, u32 b, int c) {
+#if RMOE_DEVICE_PATH
+  int d;
+  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  return c + (int)(i16)(a & 0xffffu) * (int)(b & 0xffu) + (int)(i16)(a >> 16) * (int)((b >> 8) & 0xffu);
+#endif
+}
+
+// c + a.lo16*b.byte2 + a.hi16*b.byte3.
+RMOE_HD int dp2a_hi_su(u32 a, u32 b, int c) {
+#if RMOE_DEVICE_PATH
+  int d;
+  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  return c + (int)(i16)(a & 0xffffu) * (int)((b >> 16) & 0xffu) + (int)(i16)(a >> 16) * (int)(b >> 24);
+#endif
+}
+
+}  // namespace rmoe_cuda
+
+#if RMOE_DEVICE_PATH
+namespace rmoe_cuda {
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+}  // namespace rmoe_cuda
+#endif

@@ -1,0 +1,214 @@
+"""The few device operations the residual-split schedule needs, behind one
+small interface, so the schedule's logic runs unchanged with CPU tensors
+standing in for the GPU (tests) and on a real GPU:
+
+    put(array)                         weights onto the device (once)
+    to_device(host tensor)             activations onto the device (async)
+    to_host(dev tensor) -> Pending     async copy to pinned host memory; .wait() -> host tensor
+    gate_up(wg, wu, eid, x, xrow, swiglu)   W_Q gate/up of selected slots
+    down(wd, eid, h, scale)            W_Q down of selected slots, scaled per slot
+    index_add(out, tok, y)             out[tok[i]] += y[i]
+    zeros(T, H)
+
+Device ops are ordered like a stream: they run in the order they are issued,
+asynchronously to the host. `segment(name)` brackets device work so the busy
+time per layer can be measured (CUDA events on the GPU; the worker's clock for
+the stand-in).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import kernels as cpu_kernels
+
+
+class Pending:
+    def __init__(self, wait):
+        self._wait = wait
+
+    def wait(self) -> torch.Tensor:
+        return self._wait()
+
+
+class StandInDevice:
+    """CPU tensors standing in for the GPU: one worker thread is the stream; W_Q
+    products use the CPU kernels on the same bytes the GPU kernels decode."""
+
+    name = "cpu-standin"
+
+    def __init__(self):
+        self._q = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standin-stream")
+        self.busy_s = 0.0
+        self._mark: float | None = None
+
+    # values on this "device" are Futures, resolved inside the worker (in order)
+    def _run(self, fn, *args) -> Future:
+        def job():
+            t0 = time.perf_counter()
+            vals = [a.result() if isinstance(a, Future) else a for a in args]
+            out = fn(*vals)
+            self.busy_s += time.perf_counter() - t0
+            return out
+        return self._q.submit(job)
+
+    def put(self, a):
+        return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a
+
+    def to_device(self, t: torch.Tensor):
+        return self._run(lambda v: v.clone(), t)
+
+    def to_host(self, t) -> Pending:
+        f = self._run(lambda v: v.clone(), t)
+        return Pending(f.result)
+
+    def zeros(self, T: int, H: int):
+        return self._run(lambda: torch.zeros(T, H))
+
+    def index_add(self, out, tok: torch.Tensor, y):
+        return self._run(lambda o, v: o.index_add_(0, tok, v), out, y)
+
+    def add(self, a, b):
+        return self._run(lambda u, v: u + v, a, b)
+
+    def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
+        def fn(xv):
+            xs = xv[xrow.long()].numpy()
+            ids = eid.numpy()
+            g = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wg, xs.shape[1], ids, xs))
+            u = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wu, xs.shape[1], ids, xs))
+            return F.silu(g) * u if swiglu else (g, u)
+        if swiglu:
+            return self._run(fn, x)
+        pair = self._run(fn, x)
+        return self._run(lambda p: p[0], pair), self._run(lambda p: p[1], pair)
+
+    def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
+        def fn(hv):
+            y = cpu_kernels.resplit_expert_matmul("wq", wd, hv.shape[1], eid.numpy(), hv.contiguous().numpy())
+            return torch.from_numpy(y) * scale[:, None]
+        return self._run(fn, h)
+
+    def segment_begin(self, name: str) -> None:
+        pass
+
+    def segment_end(self, name: str) -> None:
+        pass
+
+    def layer_begin(self) -> None:
+        self.busy_s = 0.0
+        self._mark = time.perf_counter()
+
+    def layer_busy(self) -> tuple[float, float]:
+        """(device busy seconds, layer wall seconds) since layer_begin; waits for the stream."""
+        self._q.submit(lambda: None).result()
+        return self.busy_s, time.perf_counter() - (self._mark or time.perf_counter())
+
+    def synchronize(self) -> None:
+        self._q.submit(lambda: None).result()
+
+    def result(self, t) -> torch.Tensor:
+        return t.result() if isinstance(t, Future) else t
+
+
+class CudaDevice:
+    """The GPU: torch's current stream, the kernels of engine/gpu/kernels.py."""
+
+    name = "cuda"
+
+    def __init__(self, device: str | torch.device = "cuda", measure: bool = False):
+        self.dev = torch.device(device)
+        self.measure = measure
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._open: torch.cuda.Event | None = None
+        self._layer0: torch.cuda.Event | None = None
+
+    def put(self, a):
+        t = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+        return t.to(self.dev)
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_cuda:
+            return t
+        src = t if t.is_pinned() else t.pin_memory()
+        return src.to(self.dev, non_blocking=True)
+
+    def to_host(self, t: torch.Tensor) -> Pending:
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.dev))
+
+        def wait():
+            ev.synchronize()
+            return buf
+        return Pending(wait)
+
+    def zeros(self, T: int, H: int) -> torch.Tensor:
+        return torch.zeros(T, H, device=self.dev)
+
+    def index_add(self, out, tok: torch.Tensor, y):
+        return out.index_add_(0, tok.to(self.dev, non_blocking=True), y)
+
+    def add(self, a, b):
+        return a + b
+
+    def _ids(self, a: torch.Tensor) -> torch.Tensor:
+        return a.to(torch.int32).pin_memory().to(self.dev, non_blocking=True)
+
+    def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
+        from . import kernels as gk
+        from .prefill import grouped_gate_up, use_grouped
+
+        if use_grouped(eid):
+            return grouped_gate_up(wg, wu, eid, x, xrow, swiglu)
+        prep = gk.wq_prep(x.contiguous())
+        return gk.wq_gate_up(wg, wu, self._ids(eid), self._ids(xrow), prep, swiglu)
+
+    def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
+        from . import kernels as gk
+        from .prefill import grouped_down, use_grouped
+
+        scale_d = scale.to(torch.float32).pin_memory().to(self.dev, non_blocking=True)
+        if use_grouped(eid):
+            return grouped_down(wd, eid, h, scale_d)
+        prep = gk.wq_prep(h.contiguous())
+        rows = torch.arange(eid.numel(), dtype=torch.int32)
+        return gk.wq_gemv(wd, self._ids(eid), self._ids(rows), prep, scale_d)
+
+    def segment_begin(self, name: str) -> None:
+        if self.measure:
+            self._open = torch.cuda.Event(enable_timing=True)
+            self._open.record(torch.cuda.current_stream(self.dev))
+
+    def segment_end(self, name: str) -> None:
+        if self.measure and self._open is not None:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record(torch.cuda.current_stream(self.dev))
+            self._events.append((self._open, e))
+            self._open = None
+
+    def layer_begin(self) -> None:
+        self._events = []
+        if self.measure:
+            self._layer0 = torch.cuda.Event(enable_timing=True)
+            self._layer0.record(torch.cuda.current_stream(self.dev))
+
+    def layer_busy(self) -> tuple[float, float]:
+        if not self.measure or self._layer0 is None:
+            return 0.0, 0.0
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.dev))
+        end.synchronize()
+        busy = sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+        return busy, self._layer0.elapsed_time(end) / 1e3
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.dev)
+
+    def result(self, t) -> torch.Tensor:
+        return t

@@ -1,0 +1,73 @@
+"""The CUDA driver's C ABI through ctypes: load a cubin, find its kernels and
+launch them on torch's current stream. Kernels take raw pointers and scalars
+only, so no compiled host-side binding is needed: the same code serves cubins
+from nvcc and from NVRTC."""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+_ARG = {"p": ctypes.c_uint64, "i": ctypes.c_int32, "l": ctypes.c_int64, "f": ctypes.c_float}
+
+
+class CudaDriverError(RuntimeError):
+    pass
+
+
+class Driver:
+    def __init__(self):
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise CudaDriverError(f"no CUDA driver library: {e}") from None
+        self.lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
+            ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        self._tls = threading.local()
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise CudaDriverError(f"{what}: {name.value.decode() if name.value else rc}")
+
+    def ensure_context(self, device: int) -> None:
+        """Make the device's primary context (the one torch uses) current on this thread."""
+        if getattr(self._tls, "device", None) == device:
+            return
+        ctx = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            dev = ctypes.c_int()
+            self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._tls.device = device
+
+    def load_module(self, image: bytes) -> ctypes.c_void_p:
+        mod = ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(image, len(image))
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(mod), buf), "cuModuleLoadData")
+        return mod
+
+    def function(self, mod: ctypes.c_void_p, name: str) -> ctypes.c_void_p:
+        fn = ctypes.c_void_p()
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"cuModuleGetFunction({name})")
+        return fn
+
+
+class Kernel:
+    """One kernel with its argument signature ('p' pointer, 'i' int32, 'l' int64, 'f' float)."""
+
+    def __init__(self, drv: Driver, fn: ctypes.c_void_p, name: str, sig: str):
+        self.drv, self.fn, self.name, self.sig = drv, fn, name, sig
+
+    def __call__(self, grid: tuple[int, ...], block: int, stream: int, *args) -> None:
+        if len(args) != len(self.sig):
+            raise TypeError(f"{self.name}: {len(self.sig)} arguments expected, {len(args)} given")
+        vals = [_ARG[c](a) for c, a in zip(self.sig, args)]
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        if min(g) <= 0:
+            return  # nothing to do
+        rc = self.drv.lib.cuLaunchKernel(self.fn, g[0], g[1], g[2], block, 1, 1, 0, ctypes.c_void_p(stream), ptrs, None)
+        self.drv.check(rc, f"launch {self.name}")

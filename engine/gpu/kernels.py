@@ -1,0 +1,153 @@
+"""The one door to the CUDA kernels (csrc/cuda): torch CUDA tensors in, torch
+CUDA tensors out, launched on torch's current stream. The modules are built on
+first use (engine/cuda_build.py) for this GPU's architecture.
+
+References (tests/gpu/check.py): the numpy oracles of the formats and torch."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .driver import Driver, Kernel
+
+# name -> (module, signature)
+_SIGS = {
+    "wq_prep": ("resplit_wq", "piiipp"),
+    "wq_gemv_gate_up": ("resplit_wq", "pplippppiiipp"),
+    "wq_gemv": ("resplit_wq", "plippppiipp"),
+    "wq_dequant_bf16": ("resplit_wq", "plipiip"),
+    "ggml_gemv": ("ggml_gemv", "ipiiipip"),
+    "ggml_dequant_bf16": ("ggml_gemv", "ipiiip"),
+}
+GG_TMAX = 8  # tokens per ggml_gemv launch (csrc/cuda/ggml_gemv.cu)
+GU_ROWS_PER_CTA, DN_ROWS_PER_CTA = 16, 32  # 8 warps x GU_RPW / DN_RPW (resplit_wq.cu)
+GGML_TYPES = {8: (32, 34), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # Q8_0, Q4_K, Q5_K, Q6_K
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _kernels(device: torch.device) -> dict[str, Kernel]:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        if idx in _state:
+            return _state[idx]
+        from ..cuda_build import build
+
+        major, minor = torch.cuda.get_device_capability(idx)
+        paths = build(major * 10 + minor)
+        drv = _state.get("driver") or Driver()
+        _state["driver"] = drv
+        torch.cuda.init()
+        with torch.cuda.device(idx):
+            torch.empty(1, device=f"cuda:{idx}")  # the primary context exists and is torch's
+            drv.ensure_context(idx)
+            mods = {m: drv.load_module(p.read_bytes()) for m, p in paths.items()}
+        ks = {n: Kernel(drv, drv.function(mods[m], n), n, sig) for n, (m, sig) in _SIGS.items()}
+        _state[idx] = ks
+        return ks
+
+
+def _launch(name: str, device: torch.device, grid, *args) -> None:
+    ks = _kernels(device)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ks[name].drv.ensure_context(idx)
+    ks[name](grid, 256, torch.cuda.current_stream(device).cuda_stream, *args)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _check(t: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    if not t.is_cuda or t.dtype != dtype or not t.is_contiguous():
+        raise ValueError(f"{what}: a contiguous CUDA {dtype} tensor expected")
+
+
+# ---------------------------------------------------------------- W_Q
+def wq_prep(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, n] float32 -> prepared activations (Z [N, 4, nb, 4] int32, SF [N, nb, 2] float32)."""
+    _check(x, torch.float32, "wq_prep x")
+    N, n = x.shape
+    nb = -(-n // 32)
+    Z = torch.empty(N, 4, nb, 4, dtype=torch.int32, device=x.device)
+    SF = torch.empty(N, nb, 2, dtype=torch.float32, device=x.device)
+    _launch("wq_prep", x.device, (-(-nb // 8), N), x.data_ptr(), n, n, nb, Z.data_ptr(), SF.data_ptr())
+    return Z, SF
+
+
+def wq_gate_up(wg: torch.Tensor, wu: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor,
+               prep: tuple[torch.Tensor, torch.Tensor], swiglu: bool):
+    """wg, wu [C, F, rb] uint8; eid [S] int32 (positions in wg); xrow [S] int32 (rows of prep).
+    swiglu: h = silu(g)*u [S, F]; else (g [S, F], u [S, F])."""
+    Z, SF = prep
+    C, F, rb = wg.shape
+    nb = Z.shape[2]
+    if rb != nb * 8 or wu.shape != wg.shape:
+        raise ValueError("wq_gate_up: weights and activations disagree on the input width")
+    for t, what in ((wg, "wg"), (wu, "wu")):
+        _check(t, torch.uint8, what)
+    S = eid.numel()
+    out0 = torch.empty(S, F, dtype=torch.float32, device=wg.device)
+    out1 = None if swiglu else torch.empty(S, F, dtype=torch.float32, device=wg.device)
+    _launch("wq_gemv_gate_up", wg.device, (-(-F // GU_ROWS_PER_CTA), S), wg.data_ptr(), wu.data_ptr(), F * rb, rb,
+            eid.data_ptr(), xrow.data_ptr(), Z.data_ptr(), SF.data_ptr(), nb, F, 1 if swiglu else 0,
+            out0.data_ptr(), _ptr(out1))
+    return out0 if swiglu else (out0, out1)
+
+
+def wq_gemv(w: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor, prep, scale: torch.Tensor | None = None):
+    """w [C, R, rb] uint8 -> y [S, R] = scale[s] * W[eid[s]] . x[xrow[s]]."""
+    Z, SF = prep
+    _check(w, torch.uint8, "wq_gemv w")
+    C, R, rb = w.shape
+    nb = Z.shape[2]
+    if rb != nb * 8:
+        raise ValueError("wq_gemv: weights and activations disagree on the input width")
+    S = eid.numel()
+    y = torch.empty(S, R, dtype=torch.float32, device=w.device)
+    _launch("wq_gemv", w.device, (-(-R // DN_ROWS_PER_CTA), S), w.data_ptr(), R * rb, rb, eid.data_ptr(),
+            xrow.data_ptr(), Z.data_ptr(), SF.data_ptr(), nb, R, _ptr(scale), y.data_ptr())
+    return y
+
+
+def wq_dequant_bf16(w: torch.Tensor, eid: torch.Tensor, n: int) -> torch.Tensor:
+    """w [C, R, rb] uint8, eid [S] -> bf16 [S, R, n]."""
+    _check(w, torch.uint8, "wq_dequant w")
+    C, R, rb = w.shape
+    S = eid.numel()
+    out = torch.empty(S, R, n, dtype=torch.bfloat16, device=w.device)
+    nb = rb // 8
+    _launch("wq_dequant_bf16", w.device, (-(-(R * nb) // 256), S), w.data_ptr(), R * rb, rb, eid.data_ptr(), n, R,
+            out.data_ptr())
+    return out
+
+
+# ---------------------------------------------------------------- GGUF types
+def ggml_supported(qtype: int) -> bool:
+    return int(qtype) in GGML_TYPES
+
+
+def ggml_gemv(w: torch.Tensor, qtype: int, n: int, x: torch.Tensor) -> torch.Tensor:
+    """w [R, rb] uint8 in GGUF type qtype (Q8_0/Q4_K/Q5_K/Q6_K); x [T, n] float32 -> y [T, R]."""
+    _check(w, torch.uint8, "ggml_gemv w")
+    _check(x, torch.float32, "ggml_gemv x")
+    R, rb = w.shape
+    T = x.shape[0]
+    y = torch.empty(T, R, dtype=torch.float32, device=w.device)
+    for t0 in range(0, T, GG_TMAX):
+        t1 = min(T, t0 + GG_TMAX)
+        _launch("ggml_gemv", w.device, (-(-R // 8),), int(qtype), w.data_ptr(), rb, n, R,
+                x[t0:t1].data_ptr(), t1 - t0, y[t0:t1].data_ptr())
+    return y
+
+
+def ggml_dequant_bf16(w: torch.Tensor, qtype: int, n: int) -> torch.Tensor:
+    """w [R, rb] uint8 -> bf16 [R, n]."""
+    _check(w, torch.uint8, "ggml_dequant w")
+    R, rb = w.shape
+    out = torch.empty(R, n, dtype=torch.bfloat16, device=w.device)
+    _launch("ggml_dequant_bf16", w.device, (-(-(R * (n // 32)) // 256),), int(qtype), w.data_ptr(), rb, n, R,
+            out.data_ptr())
+    return out

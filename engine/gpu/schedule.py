@@ -1,0 +1,134 @@
+"""The residual-split schedule of one MoE layer across GPU and CPU (DESIGN.md §2,
+execution parallelism). Each (token, routed expert) slot falls in one group:
+
+    A  critical, W_Q cached   GPU: W_Q gate/up first -> pinned host -> CPU adds
+                              x·W_R, silu·mul, down from D4
+    B  critical, uncached     CPU: the whole critical path (W_Q + W_R, D4)
+    C  other,    cached       GPU: W_Q gate, up, silu·mul, down
+    D  other,    uncached     CPU: W_Q gate, up, silu·mul, down
+
+The GPU issues A's gate/up before anything else, so the CPU's residual work
+starts while the GPU runs C; the CPU does B and D first (they need nothing from
+the GPU). The two partial sums meet at the layer's output on the device.
+Same call as moe.resplit.ResplitExperts: (x [T, H], ids [T, k], w [T, k]) -> [T, H].
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from .wq_cache import LayerWQ
+
+
+@dataclass
+class LayerStats:
+    """Per call: critical sizes and, when measured, the device's busy fraction."""
+    r: np.ndarray | None = None
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    groups: dict = field(default_factory=dict)
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class SlotPlan:
+    """Slot groups of one call: token index, expert id, weight per slot."""
+    tok: np.ndarray
+    eid: np.ndarray
+    w: np.ndarray
+    crit: np.ndarray
+    cached: np.ndarray
+
+    def group(self, crit: bool, cached: bool) -> np.ndarray:
+        return np.nonzero((self.crit == crit) & (self.cached == cached))[0]
+
+
+def plan_slots(ids: np.ndarray, w: np.ndarray, r: np.ndarray, slot_of: np.ndarray) -> SlotPlan:
+    """ids, w [T, k] sorted by weight descending; r [T]; slot_of [E] -> SlotPlan."""
+    T, k = ids.shape
+    tok = np.repeat(np.arange(T), k)
+    j = np.tile(np.arange(k), T)
+    eid = ids.reshape(-1).astype(np.int64)
+    return SlotPlan(tok=tok, eid=eid, w=w.reshape(-1).astype(np.float32), crit=j < np.repeat(r, k),
+                    cached=slot_of[eid] >= 0)
+
+
+class SplitSchedule:
+    """One MoE layer. parts: the pack's host arrays (gate_q, up_q, down_q, gate_r,
+    up_r, down4), uint8 [E, rows, row bytes]; cache: its W_Q on the device."""
+
+    def __init__(self, layer: int, parts: dict[str, np.ndarray], policy, device, cache: LayerWQ):
+        self.layer, self.p, self.policy, self.dev, self.cache = layer, parts, policy, device, cache
+        self.H = parts["down_q"].shape[1]
+        self.last_r: np.ndarray | None = None
+        self.stats = LayerStats()
+
+    def __call__(self, x, ids: torch.Tensor, w: torch.Tensor):
+        dev, p = self.dev, self.p
+        # routing to the host: the CPU's share depends on it
+        ids_h, w_h = ids.detach().cpu(), w.detach().cpu().float()
+        order = torch.argsort(w_h, dim=1, descending=True, stable=True)  # critical = largest weights
+        ids_h, w_h = ids_h.gather(1, order), w_h.gather(1, order)
+        T = ids_h.shape[0]
+        r = np.asarray(self.policy(w_h, self.layer, T > 1), dtype=np.int32)
+        self.last_r = r
+        plan = plan_slots(ids_h.numpy(), w_h.numpy(), r, self.cache.slot_of)
+        A, B = plan.group(True, True), plan.group(True, False)
+        C, D = plan.group(False, True), plan.group(False, False)
+        slot = self.cache.slot_of
+        t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
+
+        dev.layer_begin()
+        x_dev = dev.to_device(x)
+        x_host = dev.to_host(x_dev)
+        gu_host = None
+        if len(A):  # the critical experts' W_Q gate/up go first: the CPU is waiting for them
+            dev.segment_begin("critical gate/up")
+            g, u = dev.gate_up(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[A]]), x_dev,
+                               torch.from_numpy(plan.tok[A].astype(np.int32)), swiglu=False)
+            dev.segment_end("critical gate/up")
+            gu_host = (dev.to_host(g), dev.to_host(u))
+        out_dev = dev.zeros(T, self.H)
+        if len(C):
+            dev.segment_begin("W_Q experts")
+            e_c = torch.from_numpy(slot[plan.eid[C]])
+            h = dev.gate_up(self.cache.gate, self.cache.up, e_c, x_dev,
+                            torch.from_numpy(plan.tok[C].astype(np.int32)), swiglu=True)
+            y = dev.down(self.cache.down, e_c, h, torch.from_numpy(plan.w[C]))
+            out_dev = dev.index_add(out_dev, t_long(C), y)
+            dev.segment_end("W_Q experts")
+
+        t0 = time.perf_counter()
+        xh = x_host.wait().float().contiguous()  # [T, H]
+        out_cpu = torch.zeros(T, self.H)
+        BD = np.concatenate([B, D])
+        if len(BD):  # uncached experts: the CPU's own split path, one row per slot
+            xs = xh[plan.tok[BD]].numpy()
+            y = kernels.resplit_moe_forward(xs, plan.eid[BD].reshape(-1, 1).astype(np.int32),
+                                            plan.w[BD].reshape(-1, 1), plan.crit[BD].astype(np.int32),
+                                            p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"])
+            out_cpu.index_add_(0, t_long(BD), torch.from_numpy(y))
+        if len(A):
+            g, u = gu_host[0].wait(), gu_host[1].wait()
+            xs = xh[plan.tok[A]].numpy()
+            e_a = plan.eid[A].astype(np.int32)
+            g = g + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["gate_r"], self.H, e_a, xs))
+            u = u + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["up_r"], self.H, e_a, xs))
+            hA = (F.silu(g) * u).contiguous().numpy()
+            y = torch.from_numpy(kernels.resplit_expert_matmul("d4", p["down4"], hA.shape[1], e_a, hA))
+            out_cpu.index_add_(0, t_long(A), y * torch.from_numpy(plan.w[A])[:, None])
+        cpu_s = time.perf_counter() - t0
+        out = dev.add(out_dev, dev.to_device(out_cpu)) if len(BD) or len(A) else out_dev
+        busy, wall = dev.layer_busy()
+        self.stats = LayerStats(r=r, busy_s=busy, wall_s=wall, cpu_s=cpu_s,
+                                groups={"A": len(A), "B": len(B), "C": len(C), "D": len(D)})
+        return out
