@@ -17,6 +17,7 @@ from ..engine.errors import UserError
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("cmd_bench", "pp/tg tokens/s, bytes per token and memory per setting (--critical 8,2,0)"),
+    "calibrate": ("cmd_calibrate", "fit UMIA's critical-expert profile to this model and machine (--critical auto)"),
     "convert": ("cmd_convert", "build the residual-split pack of a model (done on first use otherwise)"),
     "eval": ("cmd_eval", "perplexity / KL of a model over a text (full precision by default)"),
     "pull": ("cmd_pull", "download a GGUF model from the Hugging Face Hub: REPO[:QUANT]"),

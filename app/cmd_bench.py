@@ -20,10 +20,13 @@ def _settings(v: str) -> list:
         if part == "full":
             out.append(None)
             continue
+        if part == "auto":
+            out.append("auto")
+            continue
         try:
             r = int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected numbers of critical experts (or 'full'), got {part!r}") from None
+            raise argparse.ArgumentTypeError(f"expected numbers of critical experts (or 'auto', 'full'), got {part!r}") from None
         if r < 0:
             raise argparse.ArgumentTypeError("critical-set sizes must be >= 0")
         out.append(r)
@@ -35,7 +38,7 @@ def add_arguments(p) -> None:
                    help="GGUF path, REPO[:QUANT], 'demo', or 'bench' (the default: a synthetic qwen3moe with "
                         "Qwen3-30B-A3B layer shapes, generated once)")
     p.add_argument("--critical", type=_settings, default=None, metavar="R[,R...]",
-                   help="critical-set sizes to measure, e.g. 8,2,0 ('full' = source weights); default: k")
+                   help="critical-set sizes to measure, e.g. 8,2,0,auto ('auto' = UMIA, 'full' = source weights); default: k")
     p.add_argument("--precision", choices=("split", "full"), default=None, help="full: the source weights only")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
@@ -94,23 +97,24 @@ def _run_one(args) -> int:
 
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "k")
-    if crit == "k" or isinstance(crit, int):
-        pass
     rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0)
     print(json.dumps(rows))
     return 0
 
 
 def _table(rows: list[dict]) -> None:
-    head = f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>6} {'t/s':>9} {'MB/token':>9} {'GB/s':>6} {'of BW':>6} {'peak RSS':>9}"
+    head = (f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>6} {'t/s':>9} {'mean r':>6} {'MB/token':>9} {'GB/s':>6} "
+            f"{'of BW':>6} {'peak RSS':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        setting = "full" if r["critical"] < 0 else f"r={r['critical']}"
+        setting = ("full" if r["precision"] == "full" else "auto" if r.get("policy") == "umia"
+                   else f"r={r['critical']}")
+        mr = f"{r['mean_r']:6.2f}" if r.get("mean_r") is not None else f"{'—':>6}"
         mbpt = f"{r['bytes_per_token'] / 1e6:9.1f}" if r["bytes_per_token"] else f"{'—':>9}"
         gbs = f"{r['achieved_gbs']:6.2f}" if r["achieved_gbs"] else f"{'—':>6}"
         frac = f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] else f"{'—':>6}"
-        print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mbpt} {gbs} "
+        print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
               f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
     if rows:
         print(f"read bandwidth measured: {rows[0]['read_bandwidth_gbs']:.2f} GB/s with {rows[0]['threads']} threads")

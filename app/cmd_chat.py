@@ -16,24 +16,27 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
-    p.add_argument("--critical", type=_critical_arg, default=None, metavar="R",
-                   help="residual split with R critical experts per token (R > k means k)")
+    p.add_argument("--critical", type=_critical_arg, default=None, metavar="R|auto",
+                   help="residual split with R critical experts per token (R > k means k), or 'auto': "
+                        "UMIA picks them per token and layer (the default of -p and the TUI)")
     p.add_argument("--precision", choices=("split", "full"), default=None,
                    help="full: the source weights as they are (no residual split)")
 
 
-def _critical_arg(v: str) -> int:
+def _critical_arg(v: str) -> int | str:
+    if v == "auto":
+        return v
     try:
         r = int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of experts, got {v!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number of experts or 'auto', got {v!r}") from None
     if r < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return r
 
 
 def critical_setting(args, default_split: bool):
-    """-> r (int), or None for full precision. default_split: what no flag means."""
+    """-> r (int), "auto" (UMIA), or None for full precision. default_split: what no flag means."""
     if args.precision == "full" and args.critical is not None:
         raise UserError("--precision full and --critical exclude each other")
     if args.precision == "full":
@@ -41,7 +44,7 @@ def critical_setting(args, default_split: bool):
     if args.critical is not None:
         return args.critical
     if args.precision == "split" or default_split:
-        return "k"  # every routed expert critical
+        return "auto"  # UMIA: the calibrated profile of this model and machine, else the default
     return None
 
 

@@ -93,6 +93,7 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     t0 = time.perf_counter()
     model.net.forward(prompt, 0, cache, last_only=True)
     t_pp = time.perf_counter() - t0
+    pp_r = _mean_r_all_tokens(model)
     cache = model.net.new_cache(model.n_ctx)
     toks = rng.integers(10, V - 10, n_gen)
     model.net.forward(torch.tensor([int(toks[0])]), 0, cache)  # warm-up token at position 0
@@ -107,18 +108,28 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     mean_r = float(np.mean(r_vals)) if r_vals else None
     bpt = decode_bytes_per_token(model, mean_r if mean_r is not None else 0.0)
     base = {"model": Path(model.path).name, "critical": model.critical if model.critical is not None else -1,
-            "precision": "full" if model.critical is None else "split", "threads": threads,
+            "precision": "full" if model.critical is None else "split",
+            "policy": None if model.critical is None else "umia" if model.critical == "auto" else "fixed",
+            "threads": threads,
             "peak_rss_bytes": int(peak), "rss_after_imports_bytes": int(rss0),
             "model_bytes": resident_model_bytes(model), "kv_bytes": model.net.kv_bytes(model.n_ctx),
             "read_bandwidth_gbs": round(bw, 2)}
     tg = n_gen / t_tg
     rows = [
         {**base, "test": f"pp{n_prompt}", "tokens_per_s": round(n_prompt / t_pp, 2), "bytes_per_token": None,
-         "achieved_gbs": None},
+         "achieved_gbs": None, "mean_r": pp_r},
         {**base, "test": f"tg{n_gen}", "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
          "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
     ]
     return rows
+
+
+def _mean_r_all_tokens(model) -> float | None:
+    """Mean critical-set size over the layers and every token of the last forward call."""
+    layers = model.net._split_experts()
+    if not layers or any(e.last_r is None for e in layers):
+        return None
+    return float(np.mean([e.last_r.mean() for e in layers]))
 
 
 def rss_now() -> int:

@@ -22,7 +22,7 @@ class Model:
     n_ctx: int
     tokenizer: Any = None
     file_bytes: int = 0
-    critical: int | None = None  # None: full precision; r: residual split with r critical experts
+    critical: int | str | None = None  # None: full precision; r: residual split with r critical experts; "auto": UMIA
     weights: Any = None  # weights.Weights: which tensors the model uses
 
 
@@ -50,7 +50,8 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
                download_progress=None, critical: int | str | None = None, log=None) -> Model:
     """critical: None runs the source weights (full precision); an integer r or
     "k" (all routed experts) runs the residual-split pack (converted on first
-    use) with r critical experts per token. progress(step: str, done: int, total: int) is called during
+    use) with r critical experts per token; "auto" lets UMIA pick r per token and
+    layer (the calibrated profile of this model and machine, else the default). progress(step: str, done: int, total: int) is called during
     conversion and loading; download_progress(DownloadProgress) while a Hub
     model is pulled; log(str) gets one-off notes."""
     path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
@@ -58,7 +59,7 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     cfg = config_from_metadata(gguf.metadata, str(path))
     policy = None
     if critical is not None:
-        policy = _split_policy(cfg, critical, log)
+        policy = _split_policy(cfg, critical, log, path)
         if policy is not None:
             from .pack import convert, source_identity, verify_pack
 
@@ -87,13 +88,21 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
                  weights=W)
 
 
-def _split_policy(cfg: ModelConfig, critical: int | str, log):
+def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path):
     from .moe.resplit import FixedCritical
 
     if not cfg.n_expert:
         if log:
             log("this model has no routed experts: running it in full precision")
         return None
+    if critical == "auto":
+        from .calibrate import load_profile
+        from .moe.umia import UmiaPolicy
+
+        profile = load_profile(path, cfg)
+        if log and profile.source != "calibrated":
+            log("UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)")
+        return UmiaPolicy(profile, cfg.n_expert_used)
     if critical == "k":
         critical = cfg.n_expert_used
     if not isinstance(critical, int) or critical < 0:

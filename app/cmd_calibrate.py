@@ -1,0 +1,84 @@
+"""`rapidmoe-chat calibrate -m PATH`: fit UMIA's profile (which experts get the
+residual, per token, layer and phase) to this model on this machine; `--critical
+auto` then uses it. Progress on stderr; --json prints the cached record."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..engine.errors import UserError
+from .cmd_chat import note
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None,
+                   help="GGUF path, REPO[:QUANT], 'demo' (the default) or 'bench' (the synthetic bench model)")
+    p.add_argument("--budget", type=float, default=None, metavar="X",
+                   help="latency budget: decode (and prefill) time <= X times the r = 1 time (default 1.25)")
+    p.add_argument("--tokens", type=int, default=256, help="calibration tokens (default 256; more: slower, steadier)")
+    p.add_argument("--segment", type=int, default=128,
+                   help="tokens per segment: first half prefill, second half decode (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
+    p.add_argument("--show", action="store_true", help="print the cached calibration of this model and machine")
+    p.add_argument("--json", action="store_true", help="stdout: the calibration record as JSON")
+
+
+def run(args) -> int:
+    import os
+
+    from ..engine import kernels
+    from ..engine.calibrate import DEFAULT_BUDGET, calibrate, calibration_path, read_calibration
+    from ..engine.model import resolve_model_path
+    from .progress import StepProgress
+
+    if args.tokens < args.segment:
+        raise UserError("--tokens must be at least one --segment")
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise UserError("--threads must be > 0")
+        kernels.set_num_threads(args.threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    quiet = args.json or not sys.stderr.isatty()
+    with StepProgress(enabled=not quiet) as prog:
+        if args.model == "bench":
+            from ..engine.bench import bench_model_path
+
+            path = bench_model_path(progress=prog)
+        else:
+            path = resolve_model_path(args.model, progress=prog)
+        if args.show:
+            rec = read_calibration(path)
+            if rec is None:
+                raise UserError(f"no calibration of {path.name} on this machine (run `rapidmoe-chat calibrate -m ...`)")
+        else:
+            rec = calibrate(path, n_tokens=args.tokens, seg_len=args.segment,
+                            budget=DEFAULT_BUDGET if args.budget is None else args.budget, progress=prog, log=note)
+    if args.json:
+        print(json.dumps(rec))
+    else:
+        _summary(rec, calibration_path(path))
+    return 0
+
+
+def _summary(rec: dict, path) -> None:
+    lat, k = rec["latency"], rec["k"]
+    t1 = rec["fixed"][1]["decode_s"]
+    print(f"{rec['model']}: {rec['n_tokens']} tokens, budget {rec['budget']:g} x the r=1 decode time "
+          f"({rec['budget'] * t1 * 1e3:.1f} ms/token), {lat['threads']} threads, {rec['seconds']:.0f} s")
+    print(f"{'candidate':<26} {'KL vs r=k':>10} {'flip':>7} {'r decode':>8} {'r prefill':>9} {'ms/token':>9}")
+    for c in rec["candidates"]:
+        mark = "*" if c["name"] == rec["chosen"] else " "
+        print(f"{mark}{c['name']:<25} {c['kl_mean']:10.5f} {c['flip_rate'] * 100:6.2f}% {c['mean_r_decode']:8.2f} "
+              f"{c['mean_r_prefill']:9.2f} {c['decode_s'] * 1e3:9.2f}")
+    print(f" r fixed: " + "  ".join(f"r={f['r']} {f['decode_s'] * 1e3:.1f} ms" for f in rec["fixed"]))
+    prof = rec["profile"]
+    print(f"profile: theta {prof['theta']:.4g}, beta prefill {prof['beta']['prefill']:.3g} / decode "
+          f"{prof['beta']['decode']:.3g}, r in [{prof['r_min']}, {prof['r_max']}] (k = {k}), alpha "
+          f"{prof['alpha'][0]:.3g} .. {prof['alpha'][-1]:.3g}")
+    print(f"saved: {path}")

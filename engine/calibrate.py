@@ -1,0 +1,300 @@
+"""`calibrate`: fit UMIA's profile to one model on one machine (DESIGN.md §2).
+
+1. Latency model R(r) on this machine (engine/latency.py).
+2. Reference logits at r = k over the shipped calibration text, cut into
+   segments whose first half runs as prefill and second half as decode (one
+   chunk each, the policy told which phase), so both β's act and prompt errors
+   reach later tokens through the KV cache as they do in a chat.
+3. Candidate profiles — α a smooth function of depth, θ and β set so the
+   predicted decode / prefill time meets the budget (default 1.25 × the r = 1
+   time) — each scored by a full pass: mean KL and top-1 flip rate against
+   r = k. The fixed r that fits the budget is a candidate too, so the pick is
+   never worse than it on this text. Every layer sees the choices of the
+   layers before it, which one recorded pass could not give.
+The result (profile, latency model, candidates, expert activation counts) is
+cached per (model, machine) at calibration_path(model) and read by `auto`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import UserError
+from .evaluate import log_softmax
+from .latency import LatencyModel, measure
+from .moe.umia import UmiaProfile, critical_sizes, default_profile, smooth_alpha
+from .paths import cache_dir
+
+CALIB_VERSION = 1
+DEFAULT_BUDGET = 1.25  # decode (and prefill) time <= this x the r = 1 time
+ALPHA_SLOPES = (0.0, 1.4, 2.8, 4.2)  # log(α_first / α_last): shallow layers weigh more
+
+
+def machine_fingerprint() -> dict:
+    """What the latency model depends on: CPU model, usable cores, kernel path, GPUs."""
+    from . import kernels
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"cpu": cpu, "cores": cores, "isa": str(kernels.isa_info().get("path", "")), "gpus": gpus}
+
+
+def calibration_path(model_path: str | os.PathLike) -> Path:
+    """cache_dir()/calibration/<stem>.<key>.json, key = (source file identity,
+    pack format, machine fingerprint): the file `auto` and the planner read."""
+    from .pack import PACK_VERSION, source_identity
+
+    p = Path(model_path)
+    ident = source_identity(p)
+    key = hashlib.sha256(json.dumps([str(p.resolve()), ident, PACK_VERSION, CALIB_VERSION,
+                                     machine_fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
+    stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
+    return cache_dir() / "calibration" / f"{stem}.{key}.json"
+
+
+def read_calibration(model_path) -> dict | None:
+    """The cached calibration of this model on this machine, or None (absent or unreadable)."""
+    path = calibration_path(model_path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and d.get("version") == CALIB_VERSION else None
+
+
+def load_profile(model_path, cfg) -> UmiaProfile:
+    d = read_calibration(model_path)
+    if d is not None:
+        try:
+            return UmiaProfile.from_json(d.get("profile"), cfg.n_layer, cfg.n_expert_used, "calibrated")
+        except ValueError:
+            pass  # a damaged file: the default serves until the next calibrate
+    return default_profile(cfg)
+
+
+def calibration_text() -> str:
+    return resources.files("rapidmoe.assets").joinpath("calibration.txt").read_text(encoding="utf-8")
+
+
+# ---- passes over the text ----
+
+@dataclass(frozen=True)
+class Result:
+    kl_mean: float
+    flip_rate: float
+    r_decode: dict  # layer -> r [N] chosen in decode-phase chunks
+    r_prefill: dict
+
+
+class _PhasePolicy:
+    """Runs `choose(w, layer, prefill)` with the phase forced and records w, ids-order r."""
+
+    def __init__(self, choose, prefill: bool, rec_r: dict, rec_w: dict | None):
+        self.choose, self.prefill, self.rec_r, self.rec_w = choose, prefill, rec_r, rec_w
+
+    def __call__(self, w: torch.Tensor, layer: int, prefill: bool) -> np.ndarray:
+        r = np.asarray(self.choose(w, layer, self.prefill), dtype=np.int32)
+        self.rec_r.setdefault(layer, []).append(r)
+        if self.rec_w is not None:
+            self.rec_w.setdefault(layer, []).append(w.detach().numpy().copy())
+        return r
+
+
+class Calibrator:
+    def __init__(self, model, tokens: list[int], seg_len: int):
+        self.model, self.seg_len = model, seg_len
+        self.k = model.cfg.n_expert_used
+        n = len(tokens) // seg_len * seg_len
+        if n < seg_len:
+            raise UserError(f"the calibration text is shorter than one segment ({seg_len} tokens)")
+        self.tokens = tokens[:n]
+        self.experts = model.net._split_experts()
+        self.base: list[np.ndarray] = []  # per segment: log-softmax [S, V] at r = k
+        self.base_top: list[np.ndarray] = []
+
+    def run(self, choose, record: bool = False, progress=None, step: str = "pass"):
+        """One pass: choose(w, layer, prefill) -> r [T]. Returns (Result, recorded (w, ids)
+        per MoE layer when `record`, expert activation counts per MoE layer)."""
+        rec = {"prefill": {}, "decode": {}}
+        rec_w: dict | None = {} if record else None
+        rec_ids: dict = {}
+        counts = {e.layer: np.zeros(self.model.cfg.n_expert, np.int64) for e in self.experts}
+        half = self.seg_len // 2
+        kl_sum, flips, n = 0.0, 0, 0
+        n_seg = len(self.tokens) // self.seg_len
+        for s in range(n_seg):
+            seg = self.tokens[s * self.seg_len:(s + 1) * self.seg_len]
+            cache = self.model.net.new_cache(self.seg_len)
+            outs = []
+            for lo, hi, phase in ((0, half, "prefill"), (half, self.seg_len, "decode")):
+                pol = _PhasePolicy(choose, phase == "prefill", rec[phase], rec_w)
+                for e in self.experts:
+                    e.policy = pol
+                outs.append(self.model.net.forward(torch.tensor(seg[lo:hi]), lo, cache).numpy())
+                for blk in self.model.net.blocks:
+                    ids = getattr(getattr(blk, "ffn", None), "last_ids", None)
+                    il = getattr(getattr(getattr(blk, "ffn", None), "experts", None), "layer", None)
+                    if ids is not None and il in counts:
+                        counts[il] += np.bincount(ids.reshape(-1).numpy(), minlength=len(counts[il]))
+                        if record:
+                            rec_ids.setdefault(il, []).append(ids.numpy().astype(np.int32))
+            lp = log_softmax(np.concatenate(outs)).astype(np.float32)  # [S, V]
+            if len(self.base) < n_seg:
+                self.base.append(lp)
+                self.base_top.append(lp.argmax(-1))
+            b = self.base[s]
+            kl_sum += float((np.exp(b) * (b - lp)).sum())
+            flips += int((lp.argmax(-1) != self.base_top[s]).sum())
+            n += len(seg)
+            if progress:
+                progress(step, s + 1, n_seg)
+        cat = lambda d: {il: np.concatenate(v) for il, v in d.items()}  # noqa: E731
+        res = Result(kl_sum / n, flips / n, cat(rec["decode"]), cat(rec["prefill"]))
+        return res, ((cat(rec_w), cat(rec_ids)) if record else None), counts
+
+
+def umia_choose(profile: UmiaProfile, k: int):
+    return lambda w, layer, prefill: critical_sizes(profile, w.numpy(), layer, prefill, k)
+
+
+def fixed_choose(r: int):
+    return lambda w, layer, prefill: np.full(w.shape[0], min(r, w.shape[1]), np.int32)
+
+
+# ---- the search ----
+
+def _predicted(lat: LatencyModel, profile: UmiaProfile, w_by_layer: dict, k: int, prefill: bool) -> float:
+    return lat.token_time([critical_sizes(profile, w, il, prefill, k) for il, w in w_by_layer.items()], prefill)
+
+
+def _fit_threshold(lat, base: UmiaProfile, w_by_layer, k, prefill: bool, budget_s: float) -> float:
+    """Smallest θ (most critical experts) whose predicted time meets the budget.
+    Time only falls as θ rises, so a bisection in log θ finds it."""
+    def t(theta):
+        p = UmiaProfile(base.alpha, 1.0, 1.0, theta, base.r_min, base.r_max)
+        return _predicted(lat, p, w_by_layer, k, prefill)
+
+    top = max(float(np.max(w)) for w in w_by_layer.values()) * max(base.alpha) * 1.01 + 1e-12
+    lo, hi = top * 1e-6, top
+    if t(lo) <= budget_s:
+        return lo
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if t(mid) <= budget_s else (mid, hi)
+    return hi
+
+
+def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int, budget: float):
+    """(name, UmiaProfile) pairs that meet the budget by prediction."""
+    moe_layers = sorted(w_by_layer)
+    dec_budget, pre_budget = budget * lat.fixed_time(1, False), budget * lat.fixed_time(1, True)
+    out = []
+    for r_min in (0, 1):
+        for slope in ALPHA_SLOPES:
+            # α falls geometrically over the MoE layers' depth; dense layers take the nearest value
+            a_moe = smooth_alpha(len(moe_layers), math.exp(slope / 2), math.exp(-slope / 2))
+            alpha = [a_moe[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]
+                     for il in range(n_layer)]
+            base = UmiaProfile(tuple(alpha), 1.0, 1.0, 1.0, r_min, k)
+            th_d = _fit_threshold(lat, base, w_by_layer, k, False, dec_budget)
+            th_p = _fit_threshold(lat, base, w_by_layer, k, True, pre_budget)
+            prof = UmiaProfile(tuple(alpha), th_d / th_p, 1.0, th_d, r_min, k, "calibrated")
+            out.append((f"umia slope={slope:g} r_min={r_min}", prof))
+    return out
+
+
+def fixed_fit(lat: LatencyModel, k: int, budget: float) -> int:
+    """The largest fixed r whose decode time meets the budget."""
+    dec_budget = budget * lat.fixed_time(1, False)
+    return max([r for r in range(k + 1) if lat.fixed_time(r, False) <= dec_budget] or [0])
+
+
+def calibrate(model_path, n_tokens: int = 512, seg_len: int = 128, budget: float = DEFAULT_BUDGET,
+              progress=None, log=None) -> dict:
+    """Fit, cache and return the calibration record of this model on this machine."""
+    from .model import load_model
+
+    if budget < 1.0:
+        raise UserError("the latency budget must be >= 1 (a multiple of the r = 1 time)")
+    if seg_len < 4 or seg_len % 2:
+        raise UserError("the segment length must be an even number >= 4")
+    t_start = time.perf_counter()
+    model = load_model(model_path, n_ctx=seg_len, critical="k", progress=progress, log=log)
+    if model.critical is None:
+        raise UserError(f"{Path(model_path).name} has no routed experts: nothing to calibrate")
+    k, cfg = model.cfg.n_expert_used, model.cfg
+    tokens = model.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)[:n_tokens]
+    cal = Calibrator(model, tokens, seg_len)
+
+    ref, (w_rec, ids_rec), counts = cal.run(fixed_choose(k), record=True, progress=progress, step="reference")
+    # ids are in selection order, w sorted by weight: which of a token's k experts
+    # is critical does not change the kernel's cost, only how many are
+    lat = measure(model, {il: np.ascontiguousarray(v) for il, v in ids_rec.items()},
+                  {il: np.ascontiguousarray(w, np.float32) for il, w in w_rec.items()}, progress=progress)
+
+    cands = candidate_profiles(lat, w_rec, cfg.n_layer, k, budget)
+    r_fit = fixed_fit(lat, k, budget)
+    rows = []
+    best = None
+    for i, (name, prof) in enumerate([*cands, (f"fixed r={r_fit}", r_fit)]):
+        choose = fixed_choose(prof) if isinstance(prof, int) else umia_choose(prof, k)
+        res, _, _ = cal.run(choose, progress=progress, step=f"search {i + 1}/{len(cands) + 1}")
+        row = {"name": name, "kl_mean": res.kl_mean, "flip_rate": res.flip_rate,
+               "mean_r_decode": _mean_r(res.r_decode), "mean_r_prefill": _mean_r(res.r_prefill),
+               "decode_s": lat.token_time(list(res.r_decode.values()), False),
+               "prefill_s": lat.token_time(list(res.r_prefill.values()), True)}
+        if isinstance(prof, int):
+            prof = UmiaProfile(tuple([1.0] * cfg.n_layer), 1.0, 1.0, 0.0, prof, prof, "calibrated")
+        row["profile"] = prof.to_json()
+        rows.append(row)
+        # a pass may pick a little more than predicted: 3% grace, then the lowest KL
+        if row["decode_s"] <= 1.03 * budget * lat.fixed_time(1, False) and (best is None or row["kl_mean"] < best["kl_mean"]):
+            best = row
+    if best is None:
+        best = min(rows, key=lambda r: r["decode_s"])
+    freq = [counts[il].tolist() if il in counts else [0] * cfg.n_expert for il in range(cfg.n_layer)]
+    record = {
+        "version": CALIB_VERSION, "model": Path(model.path).name, "machine": machine_fingerprint(),
+        "created_unix": int(time.time()), "seconds": round(time.perf_counter() - t_start, 1),
+        "n_tokens": len(cal.tokens), "segment": seg_len, "budget": budget, "k": k,
+        "profile": best["profile"], "chosen": best["name"], "latency": lat.to_json(),
+        "reference": {"mean_r": float(k), "decode_s": lat.fixed_time(k, False), "prefill_s": lat.fixed_time(k, True),
+                      "kl_mean": ref.kl_mean},
+        "fixed": [{"r": r, "decode_s": lat.fixed_time(r, False), "prefill_s": lat.fixed_time(r, True)}
+                  for r in range(k + 1)],
+        "candidates": rows, "expert_frequency": freq,
+    }
+    _write_json(calibration_path(model.path), record)
+    return record
+
+
+def _mean_r(r_by_layer: dict) -> float:
+    return float(np.mean([v.mean() for v in r_by_layer.values()])) if r_by_layer else 0.0
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,122 @@
+"""The latency model R(r) of this machine: seconds one MoE layer's split
+execution takes with r critical experts per token, for decode (one token) and
+prefill (per token of a chunk), timed on the real kernel with real routing; plus
+what the rest of a decode step costs. UMIA's calibration spends its budget with it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import kernels
+
+PREFILL_CHUNK = 64  # tokens per timed prefill call
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    decode: tuple[float, ...]  # R_decode(r), r = 0..k: seconds per layer per token
+    prefill: tuple[float, ...]  # R_prefill(r): seconds per layer per token in a chunk
+    decode_other_s: float  # per decode token: attention, router, head (everything but routed experts)
+    n_moe_layers: int
+    threads: int
+
+    def to_json(self) -> dict:
+        return {"decode_layer_s": list(self.decode), "prefill_layer_s": list(self.prefill),
+                "decode_other_s": self.decode_other_s, "n_moe_layers": self.n_moe_layers, "threads": self.threads}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LatencyModel":
+        return cls(tuple(float(v) for v in d["decode_layer_s"]), tuple(float(v) for v in d["prefill_layer_s"]),
+                   float(d["decode_other_s"]), int(d["n_moe_layers"]), int(d["threads"]))
+
+    def token_time(self, r_per_layer: list[np.ndarray], prefill: bool) -> float:
+        """Mean seconds per token given the r each MoE layer chose for each token
+        (r_per_layer: one int array [T] per MoE layer)."""
+        R = np.asarray(self.prefill if prefill else self.decode)
+        moe = sum(float(R[np.asarray(r)].mean()) for r in r_per_layer)
+        return moe + (0.0 if prefill else self.decode_other_s)
+
+    def fixed_time(self, r: int, prefill: bool) -> float:
+        R = self.prefill if prefill else self.decode
+        return self.n_moe_layers * R[r] + (0.0 if prefill else self.decode_other_s)
+
+
+def monotone(v) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool adjacent violators): more critical
+    experts never cost less, whatever the noise of a shared machine says."""
+    blocks = []  # [sum, count]
+    for x in map(float, v):
+        blocks.append([x, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return np.concatenate([np.full(c, s / c) for s, c in blocks])
+
+
+def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np.ndarray],
+            reps: int = 7, progress=None) -> LatencyModel:
+    """ids_by_layer/w_by_layer: routing recorded on real text, [N, k] per MoE layer
+    (w sorted descending, ids in the same order). Times every MoE layer at every r,
+    the r values interleaved so that load on a shared machine spreads evenly; then
+    whole decode steps at r = 0 and r = k for what lies outside the experts."""
+    experts = model.net._split_experts()
+    k = model.cfg.n_expert_used
+    H = model.cfg.n_embd
+    rng = np.random.default_rng(0)
+    dec = np.zeros((reps, k + 1, len(experts)))
+    pre = np.zeros((reps, k + 1, len(experts)))
+    steps = reps * (k + 1)
+    for rep in range(reps):
+        for i, r in enumerate(rng.permutation(k + 1)):
+            for j, e in enumerate(experts):
+                ids, w = ids_by_layer[e.layer], w_by_layer[e.layer]
+                t = rng.integers(0, max(1, len(ids) - PREFILL_CHUNK))
+                parts = (e.gate_q, e.up_q, e.down_q, e.gate_r, e.up_r, e.down4)
+                x1 = rng.standard_normal((1, H), dtype=np.float32)
+                t0 = time.perf_counter()
+                kernels.resplit_moe_forward(x1, ids[t:t + 1], w[t:t + 1], np.full(1, r, np.int32), *parts)
+                dec[rep, r, j] = time.perf_counter() - t0
+                sl = slice(t, t + PREFILL_CHUNK)
+                n = len(ids[sl])
+                xc = rng.standard_normal((n, H), dtype=np.float32)
+                t0 = time.perf_counter()
+                kernels.resplit_moe_forward(xc, ids[sl], w[sl], np.full(n, r, np.int32), *parts)
+                pre[rep, r, j] = (time.perf_counter() - t0) / n
+            if progress:
+                progress("latency", rep * (k + 1) + i + 1, steps)
+    # median over repetitions (a shared machine has outliers), mean over layers
+    dec = monotone(np.median(dec, axis=0).mean(axis=1))  # [k + 1]
+    pre = monotone(np.median(pre, axis=0).mean(axis=1))
+    step0, stepk = _decode_steps(model, (0, k), reps)
+    L = len(experts)
+    other = max(0.0, 0.5 * ((step0 - L * dec[0]) + (stepk - L * dec[k])))
+    return LatencyModel(tuple(map(float, dec)), tuple(map(float, pre)), other, L, kernels.num_threads())
+
+
+def _decode_steps(model, rs: tuple[int, ...], reps: int) -> list[float]:
+    """Median time of one whole decode step at each fixed r, interleaved."""
+    from .moe.resplit import FixedCritical
+
+    experts = model.net._split_experts()
+    saved = [e.policy for e in experts]
+    n = 2 * reps
+    ctx = min(model.n_ctx, n + 1)
+    caches = {r: model.net.new_cache(ctx) for r in rs}
+    times: dict[int, list[float]] = {r: [] for r in rs}
+    try:
+        for pos in range(n + 1):
+            for r in rs:
+                for e in experts:
+                    e.policy = FixedCritical(r)
+                t0 = time.perf_counter()
+                model.net.forward(torch.tensor([17 + pos]), pos, caches[r])
+                if pos:  # position 0 warms up
+                    times[r].append(time.perf_counter() - t0)
+    finally:
+        for e, p in zip(experts, saved):
+            e.policy = p
+    return [float(np.median(times[r])) for r in rs]

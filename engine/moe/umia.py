@@ -1,0 +1,121 @@
+"""UMIA — unified multi-level importance arbitration (DESIGN.md §2).
+
+Per token and MoE layer: score_i = α(layer) · β(phase) · w_i over the top-k
+router weights sorted descending; the critical-set size r is the number of
+leading scores above θ, clamped to [r_min, r_max] (and to k). α carries the
+layer's sensitivity (shallow layers matter more), β the phase's (prefill builds
+the KV cache every later token reads). A profile is plain JSON:
+
+    {"alpha": [α per layer index], "beta": {"prefill": βp, "decode": βd},
+     "theta": θ, "r_min": 0, "r_max": 8}
+
+`engine/calibrate.py` fits one per (model, machine); without one,
+`default_profile` applies.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ..errors import UserError
+
+# Default modulation (no calibration): an expert is critical when its weight
+# exceeds DEFAULT_SHARE × the uniform share (top-k weight mass / k). Shallow
+# layers and prefill get a lower bar. With top-8 softmax weights (w_1 ≈ 0.2-0.5)
+# this keeps 1-3 experts per token, the range where CPU and GPU time meet.
+DEFAULT_SHARE = 1.5
+DEFAULT_ALPHA_RANGE = (1.25, 0.8)  # first layer -> last layer
+DEFAULT_BETA = {"prefill": 1.25, "decode": 1.0}
+
+
+@dataclass(frozen=True)
+class UmiaProfile:
+    alpha: tuple[float, ...]  # per layer index (blocks without routed experts are ignored)
+    beta_prefill: float
+    beta_decode: float
+    theta: float
+    r_min: int
+    r_max: int
+    source: str = field(default="default", compare=False)  # "default" | "calibrated"
+
+    def to_json(self) -> dict:
+        return {"alpha": [float(a) for a in self.alpha],
+                "beta": {"prefill": float(self.beta_prefill), "decode": float(self.beta_decode)},
+                "theta": float(self.theta), "r_min": int(self.r_min), "r_max": int(self.r_max)}
+
+    @classmethod
+    def from_json(cls, d, n_layer: int, k: int, source: str = "calibrated") -> "UmiaProfile":
+        """Validated: a malformed or foreign profile raises ValueError."""
+        if not isinstance(d, dict):
+            raise ValueError("profile is not an object")
+        alpha, beta = d.get("alpha"), d.get("beta")
+        if not isinstance(alpha, list) or len(alpha) != n_layer:
+            raise ValueError(f"alpha must list {n_layer} layers")
+        if not isinstance(beta, dict):
+            raise ValueError("beta must be an object")
+        nums = [*alpha, beta.get("prefill"), beta.get("decode"), d.get("theta")]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in nums):
+            raise ValueError("alpha, beta and theta must be finite numbers >= 0")
+        r_min, r_max = d.get("r_min"), d.get("r_max")
+        if not (isinstance(r_min, int) and isinstance(r_max, int) and 0 <= r_min <= r_max):
+            raise ValueError("need 0 <= r_min <= r_max")
+        return cls(tuple(float(a) for a in alpha), float(beta["prefill"]), float(beta["decode"]),
+                   float(d["theta"]), r_min, min(r_max, k), source)
+
+    def threshold_on_w(self, layer: int, prefill: bool) -> float:
+        """The router weight an expert must exceed in this layer and phase."""
+        s = self.alpha[min(layer, len(self.alpha) - 1)] * (self.beta_prefill if prefill else self.beta_decode)
+        return math.inf if s <= 0 else self.theta / s
+
+
+def weight_mass(cfg: ModelConfig) -> float:
+    """What the top-k weights of one token sum to when renormalised (x the
+    architecture's expert_weights_scale); un-normalised routers sum to less."""
+    return cfg.weights_scale if cfg.weights_scale not in (0.0, 1.0) else 1.0
+
+
+def smooth_alpha(n_layer: int, first: float, last: float) -> tuple[float, ...]:
+    """α falling (or rising) geometrically from the first layer to the last."""
+    if n_layer == 1:
+        return (first,)
+    return tuple(first * (last / first) ** (i / (n_layer - 1)) for i in range(n_layer))
+
+
+def default_profile(cfg: ModelConfig) -> UmiaProfile:
+    k = cfg.n_expert_used
+    return UmiaProfile(alpha=smooth_alpha(cfg.n_layer, *DEFAULT_ALPHA_RANGE),
+                       beta_prefill=DEFAULT_BETA["prefill"], beta_decode=DEFAULT_BETA["decode"],
+                       theta=DEFAULT_SHARE * weight_mass(cfg) / k, r_min=1, r_max=k, source="default")
+
+
+def critical_sizes(profile: UmiaProfile, w: np.ndarray, layer: int, prefill: bool, k: int) -> np.ndarray:
+    """w [T, k] sorted descending -> r [T] int32 (numpy, for the policy and for calibration)."""
+    if w.ndim != 2:
+        raise ValueError("w must be [T, k]")
+    a = profile.alpha[min(layer, len(profile.alpha) - 1)]
+    b = profile.beta_prefill if prefill else profile.beta_decode
+    score = (a * b) * w.astype(np.float64)  # [T, k]
+    lead = np.cumprod(score > profile.theta, axis=1).sum(axis=1)  # leading run above θ
+    return np.clip(lead, profile.r_min, min(profile.r_max, k)).astype(np.int32)
+
+
+class UmiaPolicy:
+    """The ResplitExperts policy: (w [T, k] sorted descending, layer, prefill) -> r [T].
+    `phase` forces one phase ("prefill"/"decode") whatever T is: calibration
+    scores decode behaviour on whole chunks."""
+
+    def __init__(self, profile: UmiaProfile, k: int, phase: str | None = None):
+        if phase not in (None, "prefill", "decode"):
+            raise UserError(f"unknown phase {phase!r}")
+        self.profile, self.k, self.phase = profile, k, phase
+        self.r = "auto"  # what Model.critical reports
+
+    def __call__(self, w: torch.Tensor, layer: int, prefill: bool) -> np.ndarray:
+        if self.phase is not None:
+            prefill = self.phase == "prefill"
+        return critical_sizes(self.profile, w.detach().cpu().numpy(), layer, prefill, min(self.k, w.shape[1]))

@@ -1,0 +1,123 @@
+"""calibrate: the budget search on a hand-written latency model, the cached
+record end to end on a tiny model (the file `auto` and the planner read), the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rapidmoe.engine.calibrate import (CALIB_VERSION, _fit_threshold, _predicted, calibrate, calibration_path,
+                                       calibration_text, candidate_profiles, fixed_fit, load_profile)
+from rapidmoe.engine.latency import LatencyModel
+from rapidmoe.engine.model import load_model
+from rapidmoe.engine.moe.umia import UmiaProfile
+from rapidmoe.engine.synth import write_synthetic
+
+K = 8
+# decode: 1 ms per layer at r = 0, +0.25 ms per critical expert; 4 ms of attention etc.
+LAT = LatencyModel(tuple(1e-3 + 0.25e-3 * r for r in range(K + 1)), tuple(2e-4 + 1e-4 * r for r in range(K + 1)),
+                   4e-3, 4, 2)
+
+
+def _weights(seed=0, n=500):
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, 32)) * 2.0
+    p = np.exp(z - z.max(1, keepdims=True))
+    w = -np.sort(-p, axis=1)[:, :K]
+    return {il: (w / w.sum(1, keepdims=True)).astype(np.float32) for il in range(4)}
+
+
+def test_latency_model_arithmetic():
+    assert LAT.fixed_time(0, False) == pytest.approx(4e-3 + 4e-3)
+    assert LAT.fixed_time(K, False) == pytest.approx(4e-3 + 4 * 3e-3)
+    r = [np.array([0, 8]), np.array([2, 2]), np.array([1, 1]), np.array([0, 0])]
+    assert LAT.token_time(r, False) == pytest.approx(4e-3 + 2e-3 + 1.5e-3 + 1.25e-3 + 1e-3)
+    assert LatencyModel.from_json(json.loads(json.dumps(LAT.to_json()))) == LAT
+
+
+def test_threshold_fit_spends_the_budget_and_no_more():
+    w = _weights()
+    base = UmiaProfile((1.2, 1.1, 0.9, 0.8), 1.0, 1.0, 1.0, 0, K)
+    budget = 1.25 * LAT.fixed_time(1, False)
+    th = _fit_threshold(LAT, base, w, K, False, budget)
+    at = lambda t: _predicted(LAT, UmiaProfile(base.alpha, 1.0, 1.0, t, 0, K), w, K, False)  # noqa: E731
+    assert at(th) <= budget < at(th * 0.97)  # tight: a little lower θ breaks the budget
+    assert fixed_fit(LAT, K, 1.25) == max(r for r in range(K + 1) if LAT.fixed_time(r, False) <= budget)
+    for name, prof in candidate_profiles(LAT, w, 4, K, 1.25):
+        assert _predicted(LAT, prof, w, K, False) <= budget + 1e-12, name
+        assert _predicted(LAT, prof, w, K, True) <= 1.25 * LAT.fixed_time(1, True) + 1e-12, name
+        assert prof.alpha[0] >= prof.alpha[-1] and prof.r_max == K
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_synthetic(tmp_path_factory.mktemp("cal") / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=3)
+
+
+def test_calibrate_writes_the_record_auto_and_the_planner_read(tiny):
+    rec = calibrate(tiny, n_tokens=96, seg_len=32, budget=1.25)
+    path = calibration_path(tiny)
+    assert path.parent.name == "calibration" and json.loads(path.read_text()) == json.loads(json.dumps(rec))
+    assert rec["version"] == CALIB_VERSION and rec["n_tokens"] == 96 and rec["k"] == 4
+    # expert activations: every token routes to k experts in every MoE layer
+    freq = np.asarray(rec["expert_frequency"])
+    assert freq.shape == (3, 8) and (freq.sum(1) == 96 * 4).all()
+    m = load_model(tiny, n_ctx=32, critical="k")
+    toks = m.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)[:96]
+    import torch
+
+    want = np.zeros((3, 8), np.int64)
+    for s in range(0, 96, 16):  # the same chunks calibrate runs: 16 prefill + 16 decode per segment
+        if s % 32 == 0:
+            cache = m.net.new_cache(32)
+        m.net.forward(torch.tensor(toks[s:s + 16]), s % 32, cache)
+        for il, blk in enumerate(m.net.blocks):
+            want[il] += np.bincount(blk.ffn.last_ids.reshape(-1).numpy(), minlength=8)
+    np.testing.assert_array_equal(freq, want)
+    # the pick: lowest KL among the candidates within the budget (3% grace)
+    limit = 1.03 * rec["budget"] * rec["fixed"][1]["decode_s"]
+    ok = [c for c in rec["candidates"] if c["decode_s"] <= limit]
+    chosen = next(c for c in rec["candidates"] if c["name"] == rec["chosen"])
+    assert ok and chosen["kl_mean"] == min(c["kl_mean"] for c in ok)
+    for c in rec["candidates"]:
+        assert c["kl_mean"] >= 0 and 0 <= c["flip_rate"] <= 1 and 0 <= c["mean_r_decode"] <= 4
+        if c["name"] == "fixed r=4":
+            assert c["kl_mean"] == 0 and c["flip_rate"] == 0  # r = k again: the reference, bit for bit
+    lat = rec["latency"]
+    assert len(lat["decode_layer_s"]) == 5 and all(t > 0 for t in lat["decode_layer_s"])
+    prof = load_profile(tiny, m.cfg)
+    assert prof.source == "calibrated" and prof.to_json() == rec["profile"]
+    assert load_model(tiny, n_ctx=32, critical="auto").net.blocks[0].ffn.experts.policy.profile == prof
+
+
+def test_calibration_is_keyed_by_the_source_file(tiny, tmp_path):
+    other = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=3)
+    assert calibration_path(other) != calibration_path(tiny)
+    p = calibration_path(other)
+    os.utime(other, ns=(1, 1))
+    assert calibration_path(other) != p  # a rewritten file is another model
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+
+
+def test_cli(tiny, tmp_path):
+    r = cli("calibrate", "-m", str(tiny), "--tokens", "64", "--segment", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["n_tokens"] == 64 and set(rec["profile"]) == {"alpha", "beta", "theta", "r_min", "r_max"}
+    r = cli("calibrate", "-m", str(tiny), "--show")
+    assert r.returncode == 0 and "profile: theta" in r.stdout and "saved:" in r.stdout
+    for bad, msg in ((["--budget", "0.5"], "budget"), (["--tokens", "16"], "--tokens"),
+                     (["--segment", "7", "--tokens", "64"], "segment")):
+        r = cli("calibrate", "-m", str(tiny), *bad)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    fresh = write_synthetic(tmp_path / "n.gguf", "qwen3moe", seed=7, dtype="f16", n_layer=2)
+    r = cli("calibrate", "-m", str(fresh), "--show")
+    assert r.returncode == 2 and "no calibration" in r.stderr

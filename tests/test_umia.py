@@ -1,0 +1,139 @@
+"""UMIA: the policy against a per-token oracle, the profile format, the default
+profile on realistic and uniform routers, and `auto` through the engine."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rapidmoe.app.cmd_chat import _critical_arg, critical_setting
+from rapidmoe.engine.calibrate import calibration_path
+from rapidmoe.engine.config import config_from_metadata
+from rapidmoe.engine.gguf.reader import GGUFFile
+from rapidmoe.engine.model import load_model
+from rapidmoe.engine.moe.umia import UmiaPolicy, UmiaProfile, critical_sizes, default_profile
+from rapidmoe.engine.synth import write_synthetic
+
+
+def oracle(profile: UmiaProfile, w: np.ndarray, layer: int, prefill: bool, k: int) -> np.ndarray:
+    """The definition, one token and one expert at a time."""
+    a = profile.alpha[layer]
+    b = profile.beta_prefill if prefill else profile.beta_decode
+    out = []
+    for row in w:
+        r = 0
+        while r < len(row) and a * b * float(row[r]) > profile.theta:
+            r += 1
+        out.append(min(max(r, profile.r_min), profile.r_max, k))
+    return np.array(out, dtype=np.int32)
+
+
+def sorted_softmax_topk(rng, T: int, E: int, k: int, temp: float) -> np.ndarray:
+    p = torch.softmax(torch.from_numpy(rng.standard_normal((T, E)) * temp), -1)
+    w = p.topk(k, -1).values
+    return (w / w.sum(-1, keepdim=True)).float().numpy()  # [T, k] descending, renormalised
+
+
+@pytest.mark.parametrize("theta,r_min,r_max", [(0.1, 0, 8), (0.2, 1, 8), (0.05, 2, 5), (10.0, 0, 8), (0.0, 0, 3)])
+def test_policy_matches_oracle(theta, r_min, r_max):
+    rng = np.random.default_rng(1)
+    prof = UmiaProfile((1.3, 1.0, 0.7), 1.2, 0.9, theta, r_min, r_max)
+    w = sorted_softmax_topk(rng, 300, 32, 8, 1.5)
+    pol = UmiaPolicy(prof, k=8)
+    for layer in range(3):
+        for prefill in (False, True):
+            got = pol(torch.from_numpy(w), layer, prefill)
+            assert got.dtype == np.int32 and got.shape == (300,)
+            np.testing.assert_array_equal(got, oracle(prof, w, layer, prefill, 8))
+            np.testing.assert_array_equal(got, pol(torch.from_numpy(w.copy()), layer, prefill))  # deterministic
+
+
+def test_scores_scale_with_layer_and_phase():
+    w = np.full((1, 16), 1 / 16, np.float32)  # a uniform router: only α and β can act
+    prof = UmiaProfile((2.0, 1.0), 1.5, 1.0, 0.1, 0, 16)
+    assert critical_sizes(prof, w, 0, False, 16)[0] == 16  # 2.0 / 16 > 0.1
+    assert critical_sizes(prof, w, 1, False, 16)[0] == 0  # 1.0 / 16 < 0.1
+    assert critical_sizes(prof, w, 1, True, 16)[0] == 0  # 1.5 / 16 < 0.1
+    assert critical_sizes(prof, w, 1, True, 16)[0] == critical_sizes(prof, w, 1, True, 16)[0]
+    prof2 = UmiaProfile((2.0, 1.0), 2.0, 1.0, 0.1, 0, 16)
+    assert critical_sizes(prof2, w, 1, True, 16)[0] == 16  # 2.0 / 16 > 0.1
+    # the forced phase of calibration overrides the batch shape
+    pol = UmiaPolicy(prof2, 16, phase="decode")
+    assert pol(torch.from_numpy(np.repeat(w, 4, 0)), 1, True).tolist() == [0] * 4
+
+
+def test_profile_json_round_trip_and_validation():
+    prof = UmiaProfile((1.0, 0.5), 1.25, 1.0, 0.19, 1, 8, "calibrated")
+    assert UmiaProfile.from_json(json.loads(json.dumps(prof.to_json())), 2, 8) == prof
+    assert UmiaProfile.from_json(prof.to_json(), 2, 4).r_max == 4  # clamped to this model's k
+    good = prof.to_json()
+    bad = [None, [], {**good, "alpha": [1.0]}, {**good, "alpha": [1.0, "x"]}, {**good, "theta": float("nan")},
+           {**good, "theta": -1}, {**good, "beta": {"prefill": 1}}, {**good, "r_min": 3, "r_max": 2},
+           {**good, "r_min": 1.5}, {**good, "alpha": [True, 1.0]}]
+    for d in bad:
+        with pytest.raises(ValueError):
+            UmiaProfile.from_json(d, 2, 8)
+
+
+def _cfg(path):
+    return config_from_metadata(GGUFFile(path).metadata, str(path))
+
+
+def test_default_profile_on_realistic_and_uniform_routers(tmp_path):
+    rng = np.random.default_rng(2)
+    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=3, n_layer=4, n_expert=32, n_expert_used=8)
+    prof = default_profile(_cfg(src))
+    assert prof.source == "default" and len(prof.alpha) == 4 and prof.alpha[0] > prof.alpha[-1]
+    # top-8 of 32 with a peaked softmax (w_1 ~ 0.2-0.5): a few experts per token, more in shallow layers
+    w = sorted_softmax_topk(rng, 2000, 32, 8, 2.0)
+    assert 0.2 < np.median(w[:, 0]) < 0.5
+    deep = critical_sizes(prof, w, 3, False, 8).mean()
+    shallow = critical_sizes(prof, w, 0, False, 8).mean()
+    prefill = critical_sizes(prof, w, 3, True, 8).mean()
+    assert 1.0 <= deep < shallow < 4.0 and deep < prefill < 4.0
+    # a uniform router over 16 used experts (the demo): the whole layer or r_min
+    uni = np.full((5, 16), 1 / 16, np.float32)
+    p16 = UmiaProfile(prof.alpha, prof.beta_prefill, prof.beta_decode, 1.5 / 16, 1, 16)
+    assert critical_sizes(p16, uni, 3, False, 16).tolist() == [1] * 5
+    assert critical_sizes(p16, uni, 0, True, 16).tolist() == [16] * 5
+
+
+def test_cli_accepts_auto_and_p_defaults_to_it():
+    assert _critical_arg("auto") == "auto" and _critical_arg("3") == 3
+
+    class A:
+        precision = None
+        critical = None
+
+    assert critical_setting(A(), default_split=True) == "auto"
+    assert critical_setting(A(), default_split=False) is None
+
+
+def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
+    """A profile that makes every expert critical gives r = k's logits exactly;
+    one that makes none critical gives r = 0's; the default lies in between."""
+    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=4, dtype="f16", n_layer=3)
+    toks = torch.arange(20, 36)
+
+    def logits(critical):
+        m = load_model(src, n_ctx=32, critical=critical)
+        return m, m.net.forward(toks, 0, m.net.new_cache(32)).numpy()
+
+    m_auto, l_default = logits("auto")
+    assert m_auto.critical == "auto"
+    r_default = m_auto.net.critical_sizes()
+    assert r_default is not None and all(1 <= r <= 4 for r in r_default)
+    _, l_k = logits(4)
+    _, l_0 = logits(0)
+    assert not np.array_equal(l_k, l_0)
+    path = calibration_path(src)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for theta, r_min, want in ((0.0, 0, l_k), (1e9, 0, l_0)):
+        prof = UmiaProfile((1.0,) * 3, 1.0, 1.0, theta, r_min, 4)
+        path.write_text(json.dumps({"version": 1, "profile": prof.to_json()}))
+        m, got = logits("auto")
+        np.testing.assert_array_equal(got, want)
+    path.write_text("{not json")  # damaged: the default profile again
+    np.testing.assert_array_equal(logits("auto")[1], l_default)
