@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--prompt", default=None, help="one prompt ('-' reads stdin); without it: the TUI")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--continue", dest="continue_", action="store_true", help="continue the last chat (history)")
+    p.add_argument("--chat", type=int, default=None, metavar="ID", help="continue the chat with this id")
+    p.add_argument("--no-history", action="store_true", help="do not store this exchange in the chat history")
     add_sampling_arguments(p)
     p.add_argument("--verbose", action="store_true", help="print prompt/decode tok/s and TTFT to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -126,6 +129,7 @@ def run_prompt(args, prompt: str) -> int:
     from ..engine.generate import ChatSession, Session
     from ..engine.sampling import SamplingParams
 
+    stored = None if args.raw else _stored_chat(args)  # a bad --chat id fails before loading
     model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
     params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
@@ -135,7 +139,11 @@ def run_prompt(args, prompt: str) -> int:
         sess = Session(model, params)
         events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
     else:
-        chat = ChatSession(model, system=args.system, params=params)
+        system = args.system if args.system is not None else (stored.system if stored else None)
+        chat = ChatSession(model, system=system or None, params=params)
+        if stored is not None:
+            chat.messages += [{"role": m.role, "content": m.content}
+                              for m in _store().messages(stored.id) if m.role in ("user", "assistant")]
         events = chat.send(prompt, cancel=cancel)
     out = sys.stdout
     final: Finished | None = None
@@ -158,6 +166,8 @@ def run_prompt(args, prompt: str) -> int:
         out.flush()
         return 130
     assert final is not None
+    if not args.raw and not args.no_history:
+        _record(args, stored, prompt, final)
     if args.json:
         out.write(json.dumps({
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
@@ -175,3 +185,35 @@ def run_prompt(args, prompt: str) -> int:
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
     out.flush()
     return 0
+
+
+def _store():
+    from .store import ChatStore
+
+    return ChatStore()
+
+
+def _stored_chat(args):
+    if args.chat is not None and args.continue_:
+        raise UserError("--chat and --continue exclude each other")
+    if args.chat is not None:
+        return _store().get_chat(args.chat)
+    if args.continue_:
+        last = _store().last_chat()
+        if last is None:
+            raise UserError("no chat to continue yet")
+        return last
+    return None
+
+
+def _record(args, chat, prompt: str, final: Finished) -> None:
+    """Keep the exchange in the chat history (a new chat, or the continued one)."""
+    store = _store()
+    if chat is None:
+        title = " ".join(prompt.split())[:60] or "New chat"
+        chat = store.create_chat(title=title, model=str(args.model or "demo"), system=args.system or "")
+    store.add_message(chat.id, "user", prompt)
+    store.add_message(chat.id, "assistant", final.text, stats={
+        "completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),
+        "prompt_tok_s": round(final.prompt_tok_s, 2), "ttft_s": round(final.ttft_s, 4),
+        "finish_reason": final.finish_reason})

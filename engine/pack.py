@@ -96,6 +96,7 @@ def plan_pack(src_path: Path, ident: dict) -> PackPlan:
     slots = copied + [s for il in layers for s in _expert_slots(cfg, il)]
     raw = [g.raw_kv(k) for k in g.metadata if not k.startswith("split.") and k != "general.alignment"]
     ours = {"rapidmoe.pack.version": PACK_VERSION, "rapidmoe.pack.source_name": ident["name"],
+            "rapidmoe.pack.source_path": str(Path(src_path).resolve()),
             "rapidmoe.pack.source_size": ident["size"], "rapidmoe.pack.source_mtime_ns": ident["mtime_ns"],
             "rapidmoe.pack.layers": layers}
     # the index digest covers names, types, shapes and offsets, which do not depend on it

@@ -80,3 +80,26 @@ def test_eval_errors(tmp_path, fixture_model):
     bad.write_bytes(b"nope")
     r = cli("eval", "-m", fixture_model, "--prompt", "hello world", "--kl-base", str(bad))
     assert r.returncode == 2 and "bad.npz" in r.stderr
+
+
+def test_history_continue_and_chat_id(tmp_path, fixture_model, monkeypatch):
+    import sqlite3
+
+    env_dir = tmp_path / "data"
+    monkeypatch.setenv("RAPIDMOE_DATA_DIR", str(env_dir))
+    a = cli("-m", fixture_model, "-p", "first question", "--precision", "full", "--temp", "0", "--max-tokens", "4", "--json")
+    assert a.returncode == 0, a.stderr
+    b = cli("-m", fixture_model, "-p", "second", "--continue", "--precision", "full", "--temp", "0", "--max-tokens", "4",
+            "--json")
+    assert b.returncode == 0, b.stderr
+    fresh = cli("-m", fixture_model, "-p", "second", "--precision", "full", "--temp", "0", "--max-tokens", "4", "--json",
+                "--no-history")
+    # the continued prompt carries the first exchange
+    assert json.loads(b.stdout)["prompt_tokens"] > json.loads(fresh.stdout)["prompt_tokens"]
+    db = sqlite3.connect(next(env_dir.rglob("*.db")))
+    rows = db.execute("SELECT chat_id, role, content FROM messages ORDER BY id").fetchall()
+    assert [(r[1], r[2]) for r in rows][:3] == [("user", "first question"), ("assistant", json.loads(a.stdout)["text"]),
+                                                ("user", "second")]
+    assert len({r[0] for r in rows}) == 1  # one chat, continued
+    r = cli("-m", fixture_model, "-p", "x", "--chat", "12345")
+    assert r.returncode == 2 and "no chat with id 12345" in r.stderr
