@@ -112,12 +112,12 @@ def test_joint_quantizer_same_bytes_on_every_isa_path(isa):
     best = kernels.isa_info()["active"]
     if order.index(isa) > order.index(best):
         pytest.skip(f"this CPU cannot run {isa}")
-    code = ("import numpy as np; from rapidmoe.engine import kernels; "
-            "from rapidmoe.engine.quant import resplit_oracle as o; "
-            "assert kernels.isa_info()['active'] == %r; rng = np.random.default_rng(3); "
-            "ws = [(rng.standard_t(4, (3, n)) * 0.02).astype(np.float32) for n in (64, 96, 576)]; "
-            "ok = all(np.array_equal(a, b) for w in ws for a, b in zip(kernels.resplit_quantize_wq_wr(w), "
-            "o.quantize_wq_wr(w))); print('same' if ok else 'differ')" % isa)
+    code = ("import sys; sys.path.insert(0, %r); import numpy as np; import test_resplit_formats as t; "
+            "from rapidmoe.engine import kernels; from rapidmoe.engine.quant import resplit_oracle as o; "
+            "assert kernels.isa_info()['active'] == %r; "
+            "ok = all(np.array_equal(a, b) for _, w in t._cases() for a, b in "
+            "zip(kernels.resplit_quantize_wq_wr(w), o.quantize_wq_wr(w))); print('same' if ok else 'differ')"
+            % (os.path.dirname(__file__), isa))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA=isa),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

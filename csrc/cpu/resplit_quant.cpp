@@ -23,9 +23,11 @@ const float kWrTable[16] = {
 
 namespace {
 
-// WQ scale candidates of the joint search: (float)(0.3 + 0.05 i) of max|w| (oracle FRACS).
-float wq_frac(int i) { return (float)(0.3 + 0.05 * i); }
-constexpr int kWqFracs = 13;
+// WQ scale candidates of the joint search (oracle FRACS, REFINE): coarse fractions of
+// max|w|, then the best one -0.05 and +0.05. Sub-scales: coarse codes, then around the best.
+float wq_frac(int i, double df) { return (float)(0.3 + 0.1 * i + df); }
+constexpr int kWqFracs = 7;
+constexpr int kKCoarse[4] = {1, 5, 9, 13};
 constexpr float kWrLevels[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};
 constexpr float kWrDiv = 8.0f;
 constexpr int kD4Steps = 20;
@@ -97,43 +99,71 @@ int wr_digit(float z) {
   return z < 0.f ? 2 - idx : 2 + idx;
 }
 
+// The two ternary cells tried per weight: nearest, and the neighbour toward x.
+inline void two_cells(float x, float dq, float iq, float* t0, float* t1) {
+  *t0 = clampf(rnd(x * iq), -1.f, 1.f);
+  *t1 = clampf(*t0 + (x - dq * *t0 < 0.f ? -1.f : 1.f), -1.f, 1.f);
+}
+
 // Final choice for 16 weights given dq and dr: ternary cell and WR digit per weight.
 void half_encode(const float* xs, float dq, float dr, float* t, int* dig) {
-  const float inv = dr > 0.f ? 1.0f / dr : 0.f;
+  const float inv = dr > 0.f ? 1.0f / dr : 0.f, iq = dq > 0.f ? 1.0f / dq : 0.f;
   for (int j = 0; j < 16; ++j) {
-    float best = 0.f;
-    for (int tv = -1; tv <= 1; ++tv) {
-      const float e = xs[j] - dq * (float)tv;
+    float tc[2], best = 0.f;
+    two_cells(xs[j], dq, iq, &tc[0], &tc[1]);
+    for (int c = 0; c < 2; ++c) {
+      const float e = xs[j] - dq * tc[c];
       const int d = wr_digit(e * inv);
       const float diff = e - dr * kWrLevels[d];
       const float sc = diff * diff + kMu * (e * e);
-      if (tv == -1 || sc < best) { best = sc; t[j] = (float)tv; dig[j] = d; }
+      if (c == 0 || sc < best) { best = sc; t[j] = tc[c]; dig[j] = d; }
     }
   }
 }
 
+// Best sub-scale code of 16 weights: coarse codes, then kc-2..kc+2 around the best.
+float half_best(HalfScoresFn fn, const float* xs, float dq, float D, int* kbest) {
+  float sc[4], hb = INFINITY;
+  fn(xs, dq, D, kKCoarse, 4, sc);
+  int kb = 0;
+  for (int j = 0; j < 4; ++j)
+    if (sc[j] < hb) { hb = sc[j]; kb = kKCoarse[j]; }
+  int ks[4], nk = 0;
+  for (int off : {-2, -1, 1, 2})
+    if (kb + off >= 0 && kb + off <= 15) ks[nk++] = kb + off;
+  fn(xs, dq, D, ks, nk, sc);
+  for (int j = 0; j < nk; ++j)
+    if (sc[j] < hb) { hb = sc[j]; kb = ks[j]; }
+  *kbest = kb;
+  return hb;
+}
+
 }  // namespace
 
-void half_scores_scalar(const float* xs, float dq, float D, float* scores) {
-  float e[3][16], m[3][16];
-  for (int t = 0; t < 3; ++t)
-    for (int j = 0; j < 16; ++j) {
-      e[t][j] = xs[j] - dq * (float)(t - 1);
-      m[t][j] = kMu * (e[t][j] * e[t][j]);
+void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
+  float e[2][16], m[2][16];
+  const float iq = dq > 0.f ? 1.0f / dq : 0.f;
+  for (int j = 0; j < 16; ++j) {
+    float tc[2];
+    two_cells(xs[j], dq, iq, &tc[0], &tc[1]);
+    for (int c = 0; c < 2; ++c) {
+      e[c][j] = xs[j] - dq * tc[c];
+      m[c][j] = kMu * (e[c][j] * e[c][j]);
     }
-  for (int k = 0; k < 16; ++k) {
-    const float dr = D * kWrTable[k], inv = dr > 0.f ? 1.0f / dr : 0.f;
+  }
+  for (int n = 0; n < nk; ++n) {
+    const float dr = D * kWrTable[ks[n]], inv = dr > 0.f ? 1.0f / dr : 0.f;
     float best[16];
-    for (int t = 0; t < 3; ++t)
+    for (int c = 0; c < 2; ++c)
       for (int j = 0; j < 16; ++j) {
-        const float diff = e[t][j] - dr * kWrLevels[wr_digit(e[t][j] * inv)];
-        const float sc = diff * diff + m[t][j];
-        if (t == 0 || sc < best[j]) best[j] = sc;
+        const float diff = e[c][j] - dr * kWrLevels[wr_digit(e[c][j] * inv)];
+        const float sc = diff * diff + m[c][j];
+        if (c == 0 || sc < best[j]) best[j] = sc;
       }
     float s8[8], s4[4];
     for (int i = 0; i < 8; ++i) s8[i] = best[i] + best[i + 8];
     for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-    scores[k] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    scores[n] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
   }
 }
 
@@ -161,7 +191,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   wr[0] = (uint8_t)(Dbits & 0xFF);
   wr[1] = (uint8_t)(Dbits >> 8);
   const HalfScoresFn half_scores = half_scores_fn();
-  float t[32], sc[16];
+  float t[32];
   int dig[64], kk[4];
   for (size_t b64 = 0; b64 < nb64; ++b64) {
     for (int half = 0; half < 2; ++half) {
@@ -172,22 +202,24 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       float best = INFINITY;
       uint32_t best_code = 0;
       int best_k[2] = {0, 0};
-      for (int c = 0; c <= kWqFracs; ++c) {
-        const float d = c == 0 ? wq_alone_scale(x) : am * wq_frac(c - 1);
+      auto try_scale = [&](float d) {
         const uint32_t code = scale12_encode(d);
         const float dq = scale12_decode(code);
-        float total = 0.f;
-        int k[2];
-        for (int s = 0; s < 2; ++s) {
-          half_scores(x + 16 * s, dq, D, sc);
-          float hb = INFINITY;
-          k[s] = 0;
-          for (int kk2 = 0; kk2 < 16; ++kk2)
-            if (sc[kk2] < hb) { hb = sc[kk2]; k[s] = kk2; }
-          total = s == 0 ? hb : total + hb;
-        }
-        if (total < best) { best = total; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
+        int k0, k1;
+        const float s0 = half_best(half_scores, x, dq, D, &k0);
+        const float total = s0 + half_best(half_scores, x + 16, dq, D, &k1);
+        if (total < best) { best = total; best_code = code; best_k[0] = k0; best_k[1] = k1; }
+        return total;
+      };
+      try_scale(wq_alone_scale(x));
+      float cb = INFINITY;
+      int ci = 0;
+      for (int i = 0; i < kWqFracs; ++i) {
+        const float total = try_scale(am * wq_frac(i, 0.0));
+        if (total < cb) { cb = total; ci = i; }
       }
+      try_scale(am * wq_frac(ci, -0.05));
+      try_scale(am * wq_frac(ci, 0.05));
       const float dq = scale12_decode(best_code);
       for (int s = 0; s < 2; ++s)
         half_encode(x + 16 * s, dq, D * kWrTable[best_k[s]], t + 16 * s, dig + 32 * half + 16 * s);

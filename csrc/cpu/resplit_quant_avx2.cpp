@@ -11,35 +11,55 @@
 namespace rmoe {
 namespace resplit {
 
-void half_scores_avx2(const float* xs, float dq, float D, float* scores) {
+void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
   const __m256 mu = _mm256_set1_ps(kMu), half = _mm256_set1_ps(0.5f), cut = _mm256_set1_ps(1.625f);
-  const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(2.25f), zero = _mm256_setzero_ps();
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 e[3][2], m[3][2];
-  for (int t = 0; t < 3; ++t)
-    for (int h = 0; h < 2; ++h) {
-      e[t][h] = _mm256_sub_ps(_mm256_loadu_ps(xs + 8 * h), _mm256_set1_ps(dq * (float)(t - 1)));
-      m[t][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e[t][h], e[t][h]));
-    }
-  for (int k = 0; k < 16; ++k) {
+  const __m256 one = _mm256_set1_ps(1.0f), mone = _mm256_set1_ps(-1.0f), top = _mm256_set1_ps(2.25f);
+  const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f), dqv = _mm256_set1_ps(dq);
+  const __m256 iq = _mm256_set1_ps(dq > 0.f ? 1.0f / dq : 0.f);
+  __m256 e[2][2], m[2][2];
+  for (int h = 0; h < 2; ++h) {
+    // Two ternary cells per weight: nearest, and the neighbour toward x.
+    const __m256 x = _mm256_loadu_ps(xs + 8 * h);
+    const __m256 r0 = _mm256_round_ps(_mm256_mul_ps(x, iq), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 t0 = _mm256_min_ps(_mm256_max_ps(r0, mone), one);
+    const __m256 below = _mm256_cmp_ps(_mm256_sub_ps(x, _mm256_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
+    const __m256 t1 = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t0, _mm256_blendv_ps(one, mone, below)), mone), one);
+    e[0][h] = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t0));
+    e[1][h] = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t1));
+    for (int c = 0; c < 2; ++c) m[c][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e[c][h], e[c][h]));
+  }
+  auto score = [&](int k) {
     const float drs = D * kWrTable[k];
     const __m256 dr = _mm256_set1_ps(drs), inv = _mm256_set1_ps(drs > 0.f ? 1.0f / drs : 0.f);
     __m256 best[2] = {zero, zero};
-    for (int t = 0; t < 3; ++t)
+    for (int c = 0; c < 2; ++c)
       for (int h = 0; h < 2; ++h) {
-        const __m256 z = _mm256_mul_ps(e[t][h], inv);
+        const __m256 z = _mm256_mul_ps(e[c][h], inv);
         const __m256 a = _mm256_andnot_ps(sign, z);
         __m256 v = _mm256_blendv_ps(top, one, _mm256_cmp_ps(a, cut, _CMP_LT_OQ));
         v = _mm256_blendv_ps(v, zero, _mm256_cmp_ps(a, half, _CMP_LT_OQ));
         v = _mm256_xor_ps(v, _mm256_and_ps(_mm256_cmp_ps(z, zero, _CMP_LT_OQ), sign));
-        const __m256 diff = _mm256_sub_ps(e[t][h], _mm256_mul_ps(dr, v));
-        const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), m[t][h]);
-        best[h] = t == 0 ? sc : _mm256_blendv_ps(best[h], sc, _mm256_cmp_ps(sc, best[h], _CMP_LT_OQ));
+        const __m256 diff = _mm256_sub_ps(e[c][h], _mm256_mul_ps(dr, v));
+        const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), m[c][h]);
+        best[h] = c == 0 ? sc : _mm256_blendv_ps(best[h], sc, _mm256_cmp_ps(sc, best[h], _CMP_LT_OQ));
       }
-    const __m256 s8 = _mm256_add_ps(best[0], best[1]);  // lanes i + (i+8)
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    return _mm256_add_ps(best[0], best[1]);  // tree16 level 1: lanes i + (i+8)
+  };
+  // tree16 levels 2-4 for two sub-scales at once (same lane pairs as the oracle).
+  int n = 0;
+  for (; n + 2 <= nk; n += 2) {
+    const __m256 a = score(ks[n]), b = score(ks[n + 1]);
+    const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
+    const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
+    scores[n] = _mm256_cvtss_f32(s1);
+    scores[n + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
+  }
+  if (n < nk) {
+    const __m256 a = score(ks[n]);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    scores[k] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    scores[n] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
   }
 }
 
@@ -49,7 +69,9 @@ void half_scores_avx2(const float* xs, float dq, float D, float* scores) {
 #else
 namespace rmoe {
 namespace resplit {
-void half_scores_avx2(const float* xs, float dq, float D, float* s) { half_scores_scalar(xs, dq, D, s); }
+void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
+  half_scores_scalar(xs, dq, D, ks, nk, s);
+}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -11,36 +11,54 @@
 namespace rmoe {
 namespace resplit {
 
-void half_scores_avx512(const float* xs, float dq, float D, float* scores) {
+void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
   const __m512 x = _mm512_loadu_ps(xs);
   const __m512 mu = _mm512_set1_ps(kMu), half = _mm512_set1_ps(0.5f), cut = _mm512_set1_ps(1.625f);
-  const __m512 one = _mm512_set1_ps(1.0f), top = _mm512_set1_ps(2.25f), zero = _mm512_setzero_ps();
+  const __m512 one = _mm512_set1_ps(1.0f), mone = _mm512_set1_ps(-1.0f), top = _mm512_set1_ps(2.25f);
+  const __m512 zero = _mm512_setzero_ps(), dqv = _mm512_set1_ps(dq);
   const __m512i sign = _mm512_set1_epi32((int)0x80000000u), absm = _mm512_set1_epi32(0x7fffffff);
-  __m512 e[3], m[3];
-  for (int t = 0; t < 3; ++t) {
-    e[t] = _mm512_sub_ps(x, _mm512_set1_ps(dq * (float)(t - 1)));
-    m[t] = _mm512_mul_ps(mu, _mm512_mul_ps(e[t], e[t]));
-  }
-  for (int k = 0; k < 16; ++k) {
+  // Two ternary cells per weight: nearest, and the neighbour toward x.
+  const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(dq > 0.f ? 1.0f / dq : 0.f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 t0 = _mm512_min_ps(_mm512_max_ps(r0, mone), one);
+  const __mmask16 below = _mm512_cmp_ps_mask(_mm512_sub_ps(x, _mm512_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
+  const __m512 t1 = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t0, _mm512_mask_blend_ps(below, one, mone)), mone), one);
+  __m512 e[2], m[2];
+  e[0] = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t0));
+  e[1] = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t1));
+  for (int c = 0; c < 2; ++c) m[c] = _mm512_mul_ps(mu, _mm512_mul_ps(e[c], e[c]));
+  auto score = [&](int k) {
     const float drs = D * kWrTable[k];
     const __m512 dr = _mm512_set1_ps(drs), inv = _mm512_set1_ps(drs > 0.f ? 1.0f / drs : 0.f);
     __m512 best = zero;
-    for (int t = 0; t < 3; ++t) {
-      const __m512 z = _mm512_mul_ps(e[t], inv);
+    for (int c = 0; c < 2; ++c) {
+      const __m512 z = _mm512_mul_ps(e[c], inv);
       const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(z), absm));
       __m512 v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, cut, _CMP_LT_OQ), top, one);
       v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, half, _CMP_LT_OQ), v, zero);
       const __mmask16 neg = _mm512_cmp_ps_mask(z, zero, _CMP_LT_OQ);
       v = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), neg, _mm512_castps_si512(v), sign));
-      const __m512 diff = _mm512_sub_ps(e[t], _mm512_mul_ps(dr, v));
-      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(diff, diff), m[t]);
-      best = t == 0 ? sc : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(sc, best, _CMP_LT_OQ), best, sc);
+      const __m512 diff = _mm512_sub_ps(e[c], _mm512_mul_ps(dr, v));
+      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(diff, diff), m[c]);
+      best = c == 0 ? sc : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(sc, best, _CMP_LT_OQ), best, sc);
     }
-    // tree16: lanes i + (i+8), then 4, then 2, then 1 (same pairs as the oracle)
-    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(best), _mm512_extractf32x8_ps(best, 1));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    return _mm256_add_ps(_mm512_castps512_ps256(best), _mm512_extractf32x8_ps(best, 1));  // tree16 level 1
+  };
+  // tree16 levels 2-4 for two sub-scales at once (same lane pairs as the oracle).
+  int n = 0;
+  for (; n + 2 <= nk; n += 2) {
+    const __m256 a = score(ks[n]), b = score(ks[n + 1]);
+    const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
+    const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
+    scores[n] = _mm256_cvtss_f32(s1);
+    scores[n + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
+  }
+  if (n < nk) {
+    const __m256 a = score(ks[n]);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    scores[k] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    scores[n] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
   }
 }
 
@@ -50,7 +68,9 @@ void half_scores_avx512(const float* xs, float dq, float D, float* scores) {
 #else
 namespace rmoe {
 namespace resplit {
-void half_scores_avx512(const float* xs, float dq, float D, float* s) { half_scores_scalar(xs, dq, D, s); }
+void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
+  half_scores_scalar(xs, dq, D, ks, nk, s);
+}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

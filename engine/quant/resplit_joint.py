@@ -1,15 +1,18 @@
 """Joint WQ+WR search of the gate/up quantizer (numpy oracle of the C++ search).
 
-Per 32 weights, for each candidate WQ scale dq (its least-squares ternary scale
-and fractions of max|w|) and each 16-weight half with each of WR's 16
-sub-scales dr = D*2^(-k/4), every weight takes the ternary cell t in {-1,0,1}
-that minimises
+Per 32 weights, for each candidate WQ scale dq and each 16-weight half with a
+WR sub-scale dr = D*2^(-k/4), every weight takes the better of two ternary
+cells, its nearest t0 = clip(rint(w/dq)) and the neighbour toward w
+(t1 = clip(t0 +- 1); t0 wins ties), scoring
 
     (w - dq*t - dr*L(w - dq*t))^2 + MU * (w - dq*t)^2
 
 where L rounds to WR's levels {-2.25,-1,0,1,2.25}*dr; MU keeps WQ usable on its
-own (it runs alone for non-critical experts). The half-block scores are summed
-over 16 lanes in a fixed tree (tree16), the order the SIMD code uses.
+own (it runs alone for non-critical experts). Half scores are summed over the
+16 lanes in a fixed tree (tree16), the order the SIMD code uses.
+Search order (ties keep the earlier): sub-scales k = 1,5,9,13 then kc-2..kc+2
+around the best; WQ scales: the least-squares ternary scale, fractions
+0.3,0.4,..,0.9 of max|w|, then the best fraction -0.05 and +0.05.
 """
 from __future__ import annotations
 
@@ -18,8 +21,11 @@ import numpy as np
 from .resplit_oracle import WR_LEVELS, WR_TABLE, _scale12_decode, _scale12_encode, _wq_alone_scale
 
 _F32 = np.float32
-FRACS = np.array([0.3 + 0.05 * i for i in range(13)], np.float32)  # of max|w| per 32 weights
+FRACS = np.array([0.3 + 0.1 * i for i in range(7)], np.float32)   # coarse, of max|w| per 32
+REFINE = (-0.05, 0.05)
 MU = np.float32(0.02)
+K_COARSE = (1, 5, 9, 13)
+K_FINE = (-2, -1, 1, 2)
 
 
 def tree16(v: np.ndarray) -> np.ndarray:
@@ -39,23 +45,52 @@ def wr_level(z: np.ndarray) -> np.ndarray:
 
 def half_eval(xs: np.ndarray, dq: np.ndarray, dr: np.ndarray):
     """xs [B,16], dq [B], dr [B] -> (score [B], t [B,16], digit [B,16])."""
-    with np.errstate(divide="ignore"):
-        inv = np.where(dr > 0, _F32(1) / np.where(dr > 0, dr, _F32(1)), _F32(0)).astype(np.float32)
+    inv = _recip(dr)
+    t0 = np.clip(np.rint(xs * _recip(dq)[:, None]), -1, 1).astype(np.float32)
+    e0 = xs - dq[:, None] * t0
+    t1 = np.clip(t0 + np.where(e0 < 0, _F32(-1), _F32(1)), -1, 1).astype(np.float32)
     best = bt = bd = None
-    for tv in (-1, 0, 1):
-        e = xs - (dq * _F32(tv))[:, None]
+    for tt in (t0, t1):
+        e = xs - dq[:, None] * tt
         with np.errstate(invalid="ignore"):
             d = wr_level(e * inv[:, None])
         diff = e - dr[:, None] * WR_LEVELS[d]
         sc = diff * diff + MU * (e * e)
         if best is None:
-            best, bt, bd = sc, np.full(xs.shape, tv, np.float32), d
+            best, bt, bd = sc, tt, d
         else:
             upd = sc < best
             best = np.where(upd, sc, best)
-            bt = np.where(upd, _F32(tv), bt)
+            bt = np.where(upd, tt, bt)
             bd = np.where(upd, d, bd)
     return tree16(best), bt, bd
+
+
+def _recip(v: np.ndarray) -> np.ndarray:
+    """1/v where v > 0, else 0 (float32)."""
+    with np.errstate(divide="ignore"):
+        return np.where(v > 0, _F32(1) / np.where(v > 0, v, _F32(1)), _F32(0)).astype(np.float32)
+
+
+def _half_best(xs: np.ndarray, dq: np.ndarray, D: np.ndarray):
+    """Best sub-scale code per row of xs [B,16]: coarse codes, then around the best."""
+    B = len(xs)
+    hb = np.full(B, np.inf, np.float32)
+    hk = np.zeros(B, np.int64)
+
+    def try_k(k):
+        nonlocal hb, hk
+        sc, _, _ = half_eval(xs, dq, (D * WR_TABLE[k]).astype(np.float32))
+        upd = sc < hb
+        hb = np.where(upd, sc, hb)
+        hk = np.where(upd, k, hk)
+
+    for k in K_COARSE:
+        try_k(np.full(B, k))
+    kc = hk.copy()
+    for off in K_FINE:
+        try_k(np.clip(kc + off, 0, 15))  # a clipped repeat scores equal: never replaces
+    return hb, hk
 
 
 def joint_search(x: np.ndarray, D: np.ndarray):
@@ -67,25 +102,30 @@ def joint_search(x: np.ndarray, D: np.ndarray):
     best = np.full(B, np.inf, np.float32)
     best_code = np.zeros(B, np.uint32)
     best_k = np.zeros((B, 2), np.int64)
-    for d in [_wq_alone_scale(x)] + [am * f for f in FRACS]:
+
+    def try_scale(d):
+        nonlocal best, best_code, best_k
         code = _scale12_encode(d)
         dq = _scale12_decode(code)
-        total = np.zeros(B, np.float32)
-        ks = []
-        for s in range(2):
-            hb = np.full(B, np.inf, np.float32)
-            hk = np.zeros(B, np.int64)
-            for k in range(16):
-                sc, _, _ = half_eval(x[:, 16 * s:16 * s + 16], dq, (D * WR_TABLE[k]).astype(np.float32))
-                upd = sc < hb
-                hb = np.where(upd, sc, hb)
-                hk = np.where(upd, k, hk)
-            total = hb if s == 0 else total + hb
-            ks.append(hk)
+        s0, k0 = _half_best(x[:, :16], dq, D)
+        s1, k1 = _half_best(x[:, 16:], dq, D)
+        total = s0 + s1
         upd = total < best
         best = np.where(upd, total, best)
         best_code = np.where(upd, code, best_code)
-        best_k = np.where(upd[:, None], np.stack(ks, 1), best_k)
+        best_k = np.where(upd[:, None], np.stack([k0, k1], 1), best_k)
+        return total
+
+    try_scale(_wq_alone_scale(x))
+    cb = np.full(B, np.inf, np.float32)
+    ci = np.zeros(B, np.int64)
+    for i, f in enumerate(FRACS):
+        total = try_scale(am * f)
+        upd = total < cb
+        cb = np.where(upd, total, cb)
+        ci = np.where(upd, i, ci)
+    for df in REFINE:
+        try_scale(am * (0.3 + 0.1 * ci + df).astype(np.float32))
     dq = _scale12_decode(best_code)
     t = np.zeros((B, 32), np.float32)
     dig = np.zeros((B, 32), np.int64)
