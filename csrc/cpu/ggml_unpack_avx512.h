@@ -25,6 +25,7 @@ namespace {
 
 RMOE_INLINE float h2f(const uint8_t* p) { return _cvtsh_ss(ld16(p)); }
 RMOE_INLINE __m128i ld128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+RMOE_INLINE __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
 RMOE_INLINE __m512i iota16() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 
 // table[j] = a * (j + off) + m, rounded like the reference (product, then sum)
@@ -92,31 +93,50 @@ RMOE_INLINE void q8_0(const uint8_t* b, K& o) {
   o.put(16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ld128(b + 18))), d));
 }
 
+// Q2_K: 16 lanes of d * (sc & 15) and of dmin * (sc >> 4); each sub-block of
+// 16 then reads a 4-entry table (repeated, so vpermps may see index bits 2..3
+// of the neighbouring codes).
 template <class K>
 RMOE_INLINE void q2_k(const uint8_t* b, K& o) {
-  const uint8_t* sc = b;
+  const __m512i sc = _mm512_cvtepu8_epi32(ld128(b));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(h2f(b + 80)), _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15))));
+  const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(h2f(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)));
+  const __m512 j4 = _mm512_cvtepi32_ps(_mm512_and_si512(iota16(), _mm512_set1_epi32(3)));
   const uint8_t* qs = b + 16;
-  const float d = h2f(b + 80), dmin = h2f(b + 82);
   for (int h = 0; h < 2; ++h)
     for (int lh = 0; lh < 2; ++lh) {
       const __m512i raw = _mm512_cvtepu8_epi32(ld128(qs + 32 * h + 16 * lh));
       for (int s = 0; s < 4; ++s) {
         const int e = 128 * h + 32 * s + 16 * lh;
-        const float dl = d * (float)(sc[e >> 4] & 15), ml = rounded(dmin * (float)(sc[e >> 4] >> 4));
-        const __m512 q = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(raw, 2 * s), _mm512_set1_epi32(3)));
-        __m512 p = _mm512_mul_ps(_mm512_set1_ps(dl), q);
-        RMOE_NOFUSE(p);
-        o.put(e, _mm512_sub_ps(p, _mm512_set1_ps(ml)));
+        const __m512 a = lane(dl, e >> 4), m = lane(ml, e >> 4);
+        __m512 t;
+        if (K::exact) {
+          __m512 p = _mm512_mul_ps(a, j4);
+          RMOE_NOFUSE(p);
+          t = _mm512_sub_ps(p, m);
+        } else {
+          t = _mm512_fmsub_ps(a, j4, m);
+        }
+        o.put(e, _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 2 * s), t));
       }
     }
 }
 
+// Q3_K: the 16 signed scales at once; a 3-bit code c = low2 | hbit << 2 gives
+// q = c - 4, so each sub-block reads an 8-entry table (repeated twice).
 template <class K>
 RMOE_INLINE void q3_k(const uint8_t* b, K& o) {
   const uint8_t* hm = b;
   const uint8_t* qs = b + 32;
-  const uint8_t* sc = b + 96;
-  const float d = h2f(b + 108);
+  uint64_t lo8;
+  std::memcpy(&lo8, b + 96, 8);
+  const uint32_t w2 = ld32(b + 104);
+  const __m128i lo = _mm_set_epi64x((long long)((lo8 >> 4) & 0x0f0f0f0f0f0f0f0full), (long long)(lo8 & 0x0f0f0f0f0f0f0f0full));
+  const __m128i hi = _mm_setr_epi32((int)(w2 & 0x03030303u), (int)((w2 >> 2) & 0x03030303u),
+                                    (int)((w2 >> 4) & 0x03030303u), (int)((w2 >> 6) & 0x03030303u));
+  const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(h2f(b + 108)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+  const __m512 j8 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(iota16(), _mm512_set1_epi32(7)), _mm512_set1_epi32(4)));
   for (int lh = 0; lh < 2; ++lh) {
     const __m128i hbits = ld128(hm + 16 * lh);
     for (int h = 0; h < 2; ++h) {
@@ -124,11 +144,9 @@ RMOE_INLINE void q3_k(const uint8_t* b, K& o) {
       for (int s = 0; s < 4; ++s) {
         const int e = 128 * h + 32 * s + 16 * lh;
         const __mmask16 set = _mm_test_epi8_mask(hbits, _mm_set1_epi8((char)(1 << (4 * h + s))));
-        __m512i q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(raw, 2 * s), _mm512_set1_epi32(3)),
-                                     _mm512_set1_epi32(4));
-        q = _mm512_mask_add_epi32(q, set, q, _mm512_set1_epi32(4));  // the high bit set means no offset
-        const float dl = d * (float)k3_scale(sc, e >> 4);
-        o.put(e, _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q)));
+        __m512i c = _mm512_and_si512(_mm512_srli_epi32(raw, 2 * s), _mm512_set1_epi32(3));
+        c = _mm512_mask_or_epi32(c, set, c, _mm512_set1_epi32(4));
+        o.put(e, _mm512_permutexvar_ps(c, _mm512_mul_ps(lane(dl, e >> 4), j8)));
       }
     }
   }
@@ -144,7 +162,6 @@ RMOE_INLINE __m512 k4_scales(const uint8_t* s, float d, float dmin) {
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi)));
   return _mm512_mul_ps(f, _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d), _mm512_set1_ps(dmin)));
 }
-RMOE_INLINE __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
 
 // table[j] = ds * (j + off) - dm, product rounded first unless EXACT is false
 template <bool EXACT>
