@@ -85,12 +85,21 @@ def _nvrtc_candidates() -> list[str]:
         if os.environ.get(env):
             found += sorted(glob.glob(os.path.join(os.environ[env], "lib*", "libnvrtc.so*")))
     found += sorted(glob.glob("/usr/local/cuda/lib*/libnvrtc.so*"))
-    # the library itself, not its builtins companion
-    return [f for f in found if "builtins" not in os.path.basename(f)] + ["libnvrtc.so"]
+    # the library itself (not its builtins companion, nor the .alt build)
+    return [f for f in found if "builtins" not in os.path.basename(f) and ".alt." not in os.path.basename(f)] + [
+        "libnvrtc.so"]
 
 
 def load_nvrtc():
     for cand in _nvrtc_candidates():
+        # NVRTC dlopens libnvrtc-builtins by name at compile time: load the one
+        # beside it first, globally, so a wheel's copy is found without LD_LIBRARY_PATH
+        for b in sorted(glob.glob(os.path.join(os.path.dirname(cand), "libnvrtc-builtins.so*"))):
+            if ".alt." not in b:
+                try:
+                    ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass
         try:
             return ctypes.CDLL(cand)
         except OSError:

@@ -114,3 +114,15 @@ def test_bf16_rounding_matches_torch(harness):
     out = np.frombuffer(harness("bf16", struct.pack("<I", len(x)) + x.tobytes()), np.uint16)
     ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(out, ref)
+
+
+def test_nvrtc_compiles_when_present(monkeypatch, tmp_path):
+    """The no-toolkit path: NVRTC from pip's CUDA wheels (skipped where it is not installed)."""
+    lib = cuda_build.load_nvrtc()
+    if lib is None:
+        pytest.skip("no NVRTC library")
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path))
+    paths = cuda_build.build(90, prefer="nvrtc")
+    assert set(paths) == set(cuda_build.MODULES)
+    assert all(p.read_bytes()[:4] == b"\x7fELF" for p in paths.values())
+    assert b"wq_gemv_gate_up" in paths["resplit_wq"].read_bytes()

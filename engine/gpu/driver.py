@@ -65,7 +65,7 @@ class Kernel:
         if len(args) != len(self.sig):
             raise TypeError(f"{self.name}: {len(self.sig)} arguments expected, {len(args)} given")
         vals = [_ARG[c](a) for c, a in zip(self.sig, args)]
-        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])  # vals stay alive for the call
         g = tuple(grid) + (1,) * (3 - len(grid))
         if min(g) <= 0:
             return  # nothing to do

@@ -27,16 +27,12 @@ from .wq_cache import LayerWQ
 
 @dataclass
 class LayerStats:
-    """Per call: critical sizes and, when measured, the device's busy fraction."""
+    """Per call: critical sizes, the CPU's share of the wall time, slots per group.
+    The device's busy time is read with device.layer_begin()/layer_busy() around
+    whatever the caller counts as the layer (attention included)."""
     r: np.ndarray | None = None
-    busy_s: float = 0.0
-    wall_s: float = 0.0
     cpu_s: float = 0.0
     groups: dict = field(default_factory=dict)
-
-    @property
-    def busy_fraction(self) -> float:
-        return self.busy_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass
@@ -87,7 +83,6 @@ class SplitSchedule:
         slot = self.cache.slot_of
         t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
 
-        dev.layer_begin()
         x_dev = dev.to_device(x)
         x_host = dev.to_host(x_dev)
         gu_host = None
@@ -118,17 +113,19 @@ class SplitSchedule:
                                             p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"])
             out_cpu.index_add_(0, t_long(BD), torch.from_numpy(y))
         if len(A):
-            g, u = gu_host[0].wait(), gu_host[1].wait()
-            xs = xh[plan.tok[A]].numpy()
-            e_a = plan.eid[A].astype(np.int32)
-            g = g + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["gate_r"], self.H, e_a, xs))
-            u = u + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["up_r"], self.H, e_a, xs))
+            g, u = gu_host[0].wait(), gu_host[1].wait()  # [nA, F] each
+            order = np.argsort(plan.eid[A], kind="stable")  # each expert's residual bytes read once
+            e_u, counts = np.unique(plan.eid[A][order], return_counts=True)
+            e_u, counts = e_u.astype(np.int32), counts.astype(np.int64)
+            xs = xh[plan.tok[A][order]].numpy()
+            g = g[order] + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["gate_r"], self.H, e_u, xs, counts))
+            u = u[order] + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["up_r"], self.H, e_u, xs, counts))
             hA = (F.silu(g) * u).contiguous().numpy()
-            y = torch.from_numpy(kernels.resplit_expert_matmul("d4", p["down4"], hA.shape[1], e_a, hA))
-            out_cpu.index_add_(0, t_long(A), y * torch.from_numpy(plan.w[A])[:, None])
+            y = torch.from_numpy(kernels.resplit_expert_matmul("d4", p["down4"], hA.shape[1], e_u, hA, counts))
+            out_cpu.index_add_(0, torch.from_numpy(plan.tok[A][order]).long(),
+                               y * torch.from_numpy(plan.w[A][order])[:, None])
         cpu_s = time.perf_counter() - t0
         out = dev.add(out_dev, dev.to_device(out_cpu)) if len(BD) or len(A) else out_dev
-        busy, wall = dev.layer_busy()
-        self.stats = LayerStats(r=r, busy_s=busy, wall_s=wall, cpu_s=cpu_s,
+        self.stats = LayerStats(r=r, cpu_s=cpu_s,
                                 groups={"A": len(A), "B": len(B), "C": len(C), "D": len(D)})
         return out

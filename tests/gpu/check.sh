@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Device check of the GPU path, self-contained (no network, no gguf, no
+# llama.cpp): builds the CPU kernels from this checkout and the CUDA kernels
+# (nvcc, then NVRTC), checks every kernel against its reference, the GPU split
+# against the CPU split with forced routing, and prints the speed table on
+# DeepSeek-V3-shaped layers. About 6 minutes on one H200. From the repo root:
+#
+#   bash tests/gpu/check.sh            (extra arguments go to check.py)
+#
+# The log is also written to $OUT/check.log when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+LOG_DIR=${OUT:-/tmp/rapidmoe-check}
+mkdir -p "$LOG_DIR"
+export PYTHONUNBUFFERED=1
+export RAPIDMOE_CACHE_DIR=${RAPIDMOE_CACHE_DIR:-/tmp/rapidmoe-check/cache}
+export RAPIDMOE_CONFIG_DIR=/tmp/rapidmoe-check/config RAPIDMOE_DATA_DIR=/tmp/rapidmoe-check/data
+export RAPIDMOE_CUDA_SRC="$PWD/csrc/cuda"
+SITE=/tmp/rapidmoe-check/site
+t0=$(date +%s)
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
+(nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | tail -1
+
+# CPU kernels (pybind11 module) from this checkout; build deps come from the image.
+if ! ls "$SITE"/rapidmoe/engine/_cpu*.so >/dev/null 2>&1; then
+  echo "building the CPU kernels ..."
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install -q --no-build-isolation --no-deps --no-index \
+    --target "$SITE" . >"$LOG_DIR/pip.log" 2>&1 || { tail -30 "$LOG_DIR/pip.log"; echo "CPU build failed"; exit 2; }
+  echo "CPU kernels built in $(( $(date +%s) - t0 )) s"
+fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# engine.paths needs platformdirs; where the image lacks it, pip's vendored copy serves
+if ! python3 -c "import platformdirs" 2>/dev/null; then
+  mkdir -p /tmp/rapidmoe-check/shim
+  echo "from pip._vendor.platformdirs import *  # noqa" >/tmp/rapidmoe-check/shim/platformdirs.py
+  export PYTHONPATH="/tmp/rapidmoe-check/shim:$PYTHONPATH"
+fi
+
+timeout 560 python3 tests/gpu/check.py "$@" 2>&1 | tee "$LOG_DIR/check.log"
+rc=${PIPESTATUS[0]}
+echo "check.sh: exit $rc after $(( $(date +%s) - t0 )) s"
+exit "$rc"
