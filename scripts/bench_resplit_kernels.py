@@ -46,12 +46,38 @@ for fmt, (q, n) in mats.items():
             kernels.resplit_expert_matmul(fmt, q, n, ids, x)
         best = min(best, (time.perf_counter() - t) / 3)
     res[fmt] = nbytes / best / 1e9
-# quantizer throughput (weights/s), one thread per core used
+# quantizer throughput (weights per CPU-second, i.e. per core)
 Wq = (rng.standard_normal((256, 2048)) * 0.02).astype(np.float32)
 for name, fn in (("wq+wr", lambda: kernels.resplit_quantize_wq_wr(Wq)), ("wq", lambda: kernels.resplit_quantize("wq", Wq)),
                  ("d4", lambda: kernels.resplit_quantize("d4", Wq))):
-    fn(); t = time.perf_counter(); fn(); dt = time.perf_counter() - t
-    res["quant_" + name] = Wq.size / dt / threads / 1e6
+    # CPU time of this process: on a shared machine wall time also counts other jobs' turns.
+    fn(); t = time.process_time(); fn(); dt = time.process_time() - t
+    res["quant_" + name] = Wq.size / dt / 1e6
+# One MoE layer per token (decode), split execution with r critical of k = 8.
+L = {}
+for name, (shape, fmt) in {"gate": ((F, H), "qr"), "up": ((F, H), "qr"), "down": ((H, F), "q4")}.items():
+    w = (rng.standard_normal((4,) + shape) * 0.02).astype(np.float32)
+    if fmt == "qr":
+        q, r = kernels.resplit_quantize_wq_wr(w)
+        L[name + "_q"], L[name + "_r"] = np.tile(q, (16, 1, 1)), np.tile(r, (16, 1, 1))
+    else:
+        L["down_q"] = np.tile(kernels.resplit_quantize("wq", w), (16, 1, 1))
+        L["down4"] = np.tile(kernels.resplit_quantize("d4", w), (16, 1, 1))
+x = rng.standard_normal((1, H)).astype(np.float32)
+ids = (np.arange(8, dtype=np.int32) * 8 + 3)[None, :]  # of 64 experts (> L3)
+wts = np.full((1, 8), 0.125, np.float32)
+per = lambda k: L[k][0].nbytes  # noqa: E731
+for r in (0, 2, 8):
+    nbytes = (8 - r) * (per("gate_q") + per("up_q") + per("down_q")) + r * (
+        per("gate_q") + per("up_q") + per("gate_r") + per("up_r") + per("down4"))
+    nc = np.array([r], np.int32)
+    kernels.resplit_moe_forward(x, ids, wts, nc, **L)
+    best = 1e9
+    for _ in range(reps):
+        t = time.perf_counter()
+        kernels.resplit_moe_forward(x, ids, wts, nc, **L)
+        best = min(best, time.perf_counter() - t)
+    res[f"layer_r{r}"] = (nbytes / 1e6, best * 1e3, nbytes / best / 1e9)
 print(json.dumps(res))
 """
 
@@ -65,8 +91,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     print(f"decode GEMV, {a.experts} experts x (ffn {a.ffn} x hidden {a.hidden}), {a.threads} threads; "
-          "GB/s of weight bytes read; quantizers in M weights/s per thread")
+          "GB/s of weight bytes read; quantizers in M weights per CPU-second")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'isa':>8} {'WQ GB/s':>9} {'WR GB/s':>9} {'D4 GB/s':>9} {'q WQ+WR':>9} {'q WQ':>9} {'q D4':>9}")
+    layers = []
     for isa in ("scalar", "avx2", "avx512"):
         env = dict(os.environ, RAPIDMOE_ISA=isa)
         r = subprocess.run([sys.executable, "-c", CHILD, str(a.threads), str(a.experts), str(a.hidden), str(a.ffn),
@@ -80,6 +108,13 @@ def main() -> None:
             continue
         print(f"{isa:>8} {d['wq']:9.2f} {d['wr']:9.2f} {d['d4']:9.2f} {d['quant_wq+wr']:9.1f} {d['quant_wq']:9.1f} "
               f"{d['quant_d4']:9.1f}")
+        layers.append((isa, d))
+    print(f"\nMoE layer decode (moe_forward, 1 token, k = 8 of 64 experts, hidden {a.hidden}, ffn {a.ffn})")
+    print(f"{'isa':>8} " + " ".join(f"{'r=' + str(r) + ' MB / ms / GB/s':>24}" for r in (0, 2, 8)))
+    for isa, d in layers:
+        cells = [f"{d[f'layer_r{r}'][0]:6.2f} {d[f'layer_r{r}'][1]:7.3f} {d[f'layer_r{r}'][2]:7.2f}".rjust(24)
+                 for r in (0, 2, 8)]
+        print(f"{isa:>8} " + " ".join(cells))
 
 
 if __name__ == "__main__":

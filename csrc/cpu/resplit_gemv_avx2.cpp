@@ -49,8 +49,8 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     __m256i u = _mm256_and_si256(raw, keep);
     const float* g = xp + (b / 8) * 112;
     const size_t half = (b % 8) / 4;  // blocks 0-3 or 4-7 of the 8-block group
-    __m256i acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
+    __m256i acc[NT][2];  // two chains per token: digits alternate between them
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
     for (int i = 0; i < 5; ++i) {
       const __m256i m1 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c86), u);
       const __m256i m2 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c171), u);
@@ -58,12 +58,13 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
       u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
       for (int t = 0; t < NT; ++t) {
         const __m256i xq = _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half));
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(d, xq), ones16));
+        acc[t][i & 1] = _mm256_add_epi32(acc[t][i & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(d, xq), ones16));
       }
     }
     for (int t = 0; t < NT; ++t) {
       const float* gt = g + t * xs + 8 * half;
-      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_loadu_ps(gt + 80), _mm256_loadu_ps(gt + 96));
+      const __m256i a = _mm256_add_epi32(acc[t][0], acc[t][1]);
+      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(gt + 80), _mm256_loadu_ps(gt + 96));
       tot[t] = _mm256_fmadd_ps(dq, v, tot[t]);
     }
   }
@@ -77,22 +78,36 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
   const __m256i seven = _mm256_set1_epi32(7), mask = _mm256_set1_epi32((1 << 19) - 1);
   const __m256 lv = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);
-  __m256 tot[NT];
-  for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
+  // Per row: the 5 levels times each of the 16 sub-scales (one permute then gives weights).
+  alignas(32) float tab[16][8];
+  for (int k = 0; k < 16; ++k) _mm256_store_ps(tab[k], _mm256_mul_ps(lv, _mm256_set1_ps(D * kWrTable[k])));
+  constexpr int A = NT >= 2 ? 2 : 4;  // independent FMA chains per token
+  __m256 tot[NT][A];
+  for (int t = 0; t < NT; ++t)
+    for (int a = 0; a < A; ++a) tot[t][a] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b, q += 21) {
     const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
     const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
     u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh), seven), 16));
-    for (int i = 0; i < 8; ++i) {  // digit i of groups 0-7 = weights 8i..8i+7
-      u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
-      const __m256i d = _mm256_srli_epi32(u, 19);
-      u = _mm256_and_si256(u, mask);
-      const __m256 w = _mm256_mul_ps(_mm256_permutevar8x32_ps(lv, d), _mm256_set1_ps(D * kWrTable[(sc >> (4 * (i >> 1))) & 0xF]));
-      for (int t = 0; t < NT; ++t) tot[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 64 * b + 8 * i), tot[t]);
+    for (int s = 0; s < 4; ++s) {
+      const __m256 ts = _mm256_load_ps(tab[(sc >> (4 * s)) & 0xF]);
+      for (int h = 0; h < 2; ++h) {  // digit i = 2s+h of groups 0-7 = weights 8i..8i+7
+        u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
+        const __m256 w = _mm256_permutevar8x32_ps(ts, _mm256_srli_epi32(u, 19));
+        u = _mm256_and_si256(u, mask);
+        for (int t = 0; t < NT; ++t) {
+          __m256& a = tot[t][(2 * s + h) % A];
+          a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 64 * b + 16 * s + 8 * h), a);
+        }
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
+  for (int t = 0; t < NT; ++t) {
+    __m256 sum = tot[t][0];
+    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, tot[t][a]);
+    y[t * ys] = hsum(sum);
+  }
 }
 
 template <int NT>
@@ -100,9 +115,13 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
   const __m128i m4 = _mm_set1_epi8(0xF);
-  __m256 tot[NT];
+  constexpr int A = NT >= 2 ? 2 : 4;  // independent FMA chains per token
+  __m256 tot[NT][A];
   float corr[NT];
-  for (int t = 0; t < NT; ++t) { tot[t] = _mm256_setzero_ps(); corr[t] = 0.f; }
+  for (int t = 0; t < NT; ++t) {
+    for (int a = 0; a < A; ++a) tot[t][a] = _mm256_setzero_ps();
+    corr[t] = 0.f;
+  }
   for (size_t b = 0; b < nb; ++b, q += 18) {
     const __m256 d = _mm256_set1_ps(D * (float)q[16]);
     const __m128i raw = _mm_loadu_si128((const __m128i*)q);
@@ -111,11 +130,15 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const float dm = M * (float)q[17];
     for (int p = 0; p < 4; ++p) {
       const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p])));
-      for (int t = 0; t < NT; ++t) tot[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 32 * b + 8 * p), tot[t]);
+      for (int t = 0; t < NT; ++t) tot[t][p % A] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 32 * b + 8 * p), tot[t][p % A]);
     }
     for (int t = 0; t < NT; ++t) corr[t] += dm * xp[t * xs + nb * 32 + b];
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - corr[t];
+  for (int t = 0; t < NT; ++t) {
+    __m256 sum = tot[t][0];
+    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, tot[t][a]);
+    y[t * ys] = hsum(sum) - corr[t];
+  }
 }
 
 #define RMOE_TILED(name, tile)                                                                        \

@@ -37,21 +37,23 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const __m512 dq = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
     __m512i u = _mm512_and_si512(raw, keep);
     const float* g = xp + (b / 8) * 112;
-    __m512i acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
+    __m512i acc[NT][2];  // two chains per token: digits alternate between them
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
     for (int i = 0; i < 5; ++i) {
       const __mmask64 k1 = _mm512_cmpgt_epu8_mask(u, c85), k2 = _mm512_cmpgt_epu8_mask(u, c170);
       const __m512i d = _mm512_mask_blend_epi8(k2, _mm512_maskz_mov_epi8(k1, one), two);
       u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
       for (int t = 0; t < NT; ++t) {
         const __m512i xq = _mm512_loadu_si512(g + t * xs + 16 * i);
-        if (VNNI) acc[t] = _mm512_dpbusd_epi32(acc[t], d, xq);
-        else acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(_mm512_maddubs_epi16(d, xq), ones16));
+        __m512i& a = acc[t][i & 1];
+        if (VNNI) a = _mm512_dpbusd_epi32(a, d, xq);
+        else a = _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_maddubs_epi16(d, xq), ones16));
       }
     }
     for (int t = 0; t < NT; ++t) {
       const float* gt = g + t * xs;
-      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_loadu_ps(gt + 80), _mm512_loadu_ps(gt + 96));
+      const __m512i a = _mm512_add_epi32(acc[t][0], acc[t][1]);
+      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(gt + 80), _mm512_loadu_ps(gt + 96));
       tot[t] = _mm512_fmadd_ps(dq, v, tot[t]);
     }
   }
@@ -81,8 +83,13 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     for (int i = 0; i < 2 * s; ++i) a *= 5;
     pw[s] = _mm512_inserti64x4(_mm512_set1_epi32((int)a), _mm256_set1_epi32((int)(a * 5)), 1);
   }
-  __m512 tot[NT];
-  for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
+  // Per row: the 5 levels times each of the 16 sub-scales (one permute then gives weights).
+  alignas(64) float tab[16][16];
+  for (int k = 0; k < 16; ++k) _mm512_store_ps(tab[k], _mm512_mul_ps(lv, _mm512_set1_ps(D * kWrTable[k])));
+  constexpr int A = NT >= 4 ? 1 : (NT >= 2 ? 2 : 4);  // independent FMA chains per token
+  __m512 tot[NT][A];
+  for (int t = 0; t < NT; ++t)
+    for (int a = 0; a < A; ++a) tot[t][a] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; ++b, q += 21) {
     const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
     const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
@@ -92,12 +99,16 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     for (int s = 0; s < 4; ++s) {
       __m512i u = _mm512_and_si512(_mm512_mullo_epi32(v, pw[s]), mask);
       u = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));  // 5u: the digit is its bits 21:19
-      const __m512 w = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(u, 19), lv),
-                                     _mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]));
-      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xp + t * xs + 64 * b + 16 * s), tot[t]);
+      const __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 19), _mm512_load_ps(tab[(sc >> (4 * s)) & 0xF]));
+      for (int t = 0; t < NT; ++t)
+        tot[t][s % A] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xp + t * xs + 64 * b + 16 * s), tot[t][s % A]);
     }
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
+  for (int t = 0; t < NT; ++t) {
+    __m512 sum = tot[t][0];
+    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, tot[t][a]);
+    y[t * ys] = _mm512_reduce_add_ps(sum);
+  }
 }
 
 template <int NT>
@@ -105,23 +116,39 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
   const __m512i m4 = _mm512_set1_epi32(0xF);
-  __m512 tot[NT];
+  constexpr int A = NT >= 4 ? 2 : 4;  // independent FMA chains per token (even count)
+  __m512 tot[NT][A];
   float corr[NT];
-  for (int t = 0; t < NT; ++t) { tot[t] = _mm512_setzero_ps(); corr[t] = 0.f; }
-  for (size_t b = 0; b < nb; ++b, q += 18) {
-    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q));
-    const __m512 d = _mm512_set1_ps(D * (float)q[16]);
+  for (int t = 0; t < NT; ++t) {
+    for (int a = 0; a < A; ++a) tot[t][a] = _mm512_setzero_ps();
+    corr[t] = 0.f;
+  }
+  // a0 is a constant after inlining, so the accumulators stay in registers.
+  auto block = [&](size_t b, const int a0) {
+    const uint8_t* qb = q + 18 * b;
+    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qb));
+    const __m512 d = _mm512_set1_ps(D * (float)qb[16]);
     const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(raw, m4)));
     const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4)));
-    const float dm = M * (float)q[17];
+    const float dm = M * (float)qb[17];
     for (int t = 0; t < NT; ++t) {
       const float* x = xp + t * xs + 32 * b;
-      tot[t] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), tot[t]);
-      tot[t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), tot[t]);
+      tot[t][a0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), tot[t][a0]);
+      tot[t][a0 + 1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), tot[t][a0 + 1]);
       corr[t] += dm * xp[t * xs + nb * 32 + b];
     }
+  };
+  size_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, 0);
+    block(b + 1, A > 2 ? 2 : 0);
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]) - corr[t];
+  if (b < nb) block(b, 0);
+  for (int t = 0; t < NT; ++t) {
+    __m512 sum = tot[t][0];
+    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, tot[t][a]);
+    y[t * ys] = _mm512_reduce_add_ps(sum) - corr[t];
+  }
 }
 
 #define RMOE_TILED(name, tile)                                                                        \
