@@ -122,3 +122,24 @@ def test_plan_slots_groups():
     assert plan.group(True, True).tolist() == [0, 3, 4]
     assert plan.group(False, False).tolist() == [1, 5]
     assert plan.group(False, True).tolist() == [2]
+
+
+def test_attach_gpu_experts_to_a_loaded_model(tmp_path):
+    """A whole residual-split model with its experts moved onto the (stand-in)
+    device, a quarter of W_Q cached: same logits as the CPU split path."""
+    from rapidmoe.engine.gpu.executor import GpuSplitExperts, attach_gpu_experts
+    from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.synth import write_synthetic
+
+    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=5, dtype="f16", n_layer=2)
+    m = load_model(src, n_ctx=16, critical=2)
+    toks = torch.tensor([1, 40, 300, 7, 9])
+    ref = m.net.forward(toks, 0, m.net.new_cache(16))
+    ex = m.net.blocks[0].ffn.experts
+    per_layer = wq_expert_bytes(ex.gate_q, ex.up_q, ex.down_q) * ex.gate_q.shape[0]
+    placed = attach_gpu_experts(m.net, StandInDevice(), budget_bytes=per_layer // 2)  # half of one of two layers
+    assert placed.layers == 2 and placed.cached_experts == ex.gate_q.shape[0] // 2
+    assert all(isinstance(b.ffn.experts, GpuSplitExperts) for b in m.net.blocks)
+    out = m.net.forward(toks, 0, m.net.new_cache(16))
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+    assert m.net.critical_sizes() == (2, 2)

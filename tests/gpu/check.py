@@ -121,6 +121,30 @@ def gpu_busy_s(layers, scheds, dev, x) -> float:
     return busy / 1e6
 
 
+def guarded(what: str, fn, *args):
+    """Run one part of the check; a crash is reported and the rest still runs."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - one device run must report as much as it can
+        import traceback
+
+        print(f"\n!! {what} crashed:\n{traceback.format_exc()}")
+        return None
+
+
+def measure_mode(layers, dev, devname, a, name, pol, cache_layers):
+    """One row of the table: (cells, seconds per layer per decode token)."""
+    scheds = [SplitSchedule(3 + i, L.parts, pol, dev, c) for i, (L, c) in enumerate(zip(layers, cache_layers))]
+    t_dec, x = run_decode(layers, scheds, dev, devname, a.steps)
+    r_mean = float(np.mean([s.last_r.mean() for s in scheds]))
+    cpu_ms = 1e3 * float(np.mean([s.stats.cpu_s for s in scheds]))
+    busy = f"{gpu_busy_s(layers, scheds, dev, x) / t_dec:.0%}" if devname == "cuda" else "n/a"
+    t_pre = run_prefill(layers, scheds, dev, devname, a.prefill)
+    per_layer = t_dec / a.layers
+    return [name, r_mean, f"{1 / t_dec:.1f}", f"{per_layer * 1e3:.2f}", f"{1 / (per_layer * N_LAYERS_V3):.2f}",
+            per_layer, f"{a.prefill / t_pre:.0f}", busy, f"{cpu_ms:.2f}"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--standin", action="store_true", help="CPU tensors stand in for the GPU (tests this script)")
@@ -145,48 +169,44 @@ def main() -> int:
         build(cap[0] * 10 + cap[1], log=print)
         print(f"kernels built in {time.perf_counter() - t0:.1f} s")
         rows = []
-        ok &= check_wq(rows)
-        ok &= check_ggml(rows)
+        ok &= bool(guarded("W_Q kernels", check_wq, rows))
+        ok &= bool(guarded("GGUF-type kernels", check_ggml, rows))
         with tempfile.TemporaryDirectory() as tmp:
-            ok &= check_nvrtc(rows, tmp)
+            ok &= bool(guarded("NVRTC build", check_nvrtc, rows, tmp))
         print("\n== kernels vs references (relative error)\n" + table(rows, ["kernel", "error", "bound", ""]))
     dev = StandInDevice() if a.standin else CudaDevice("cuda")
     t0 = time.perf_counter()
     layers = [dsv3.Layer(100 + i, torch.device(devname), standin=a.standin, n_expert=a.experts) for i in range(a.layers)]
     print(f"\n{a.layers} DeepSeek-V3-shaped layers written ({layers[0].E} experts each) in {time.perf_counter() - t0:.1f} s")
-    if not a.standin:
-        bw = bandwidth(layers[0].parts)
+    bw = None if a.standin else guarded("bandwidth", bandwidth, layers[0].parts)
+    if bw:
         print(f"\n== bandwidth\ndevice copy (read+write): {bw['copy_GBs']:.0f} GB/s\n"
               f"W_Q GEMV, k=8 experts, rotating sets: gate+up {bw['gate_up_GBs']:.0f} GB/s ({bw['gate_up_us']:.0f} us), "
               f"down {bw['down_GBs']:.0f} GB/s ({bw['down_us']:.0f} us), layer {bw['layer_k8_GBs']:.0f} GB/s "
               f"= {bw['layer_k8_GBs'] / bw['copy_GBs']:.0%} of copy (bar 60%)\n"
-              f"W_Q GEMV over a whole layer (256 experts): {bw['layer_all_GBs']:.0f} GB/s "
+              f"W_Q GEMV over a whole layer ({layers[0].E} experts): {bw['layer_all_GBs']:.0f} GB/s "
               f"= {bw['layer_all_GBs'] / bw['copy_GBs']:.0%} of copy")
     cache_sets = {f: caches(dev, layers, f) for f in (1.0, 0.25, 0.0)}
     rows = []
-    ok &= correctness(layers[0], dev, cache_sets, devname, rows)
+    ok &= bool(guarded("split correctness", correctness, layers[0], dev, cache_sets, devname, rows))
     print("\n== GPU split vs CPU split (ResplitExperts), forced routing\n" + table(rows, ["case", "rel. error", "bound", ""]))
 
     umia = umia_policy()
     modes = [("KTransformers-style (routed experts on CPU)", FixedCritical(K), 0.0)]
     for frac in (1.0, 0.25):
-        modes += [(f"residual split r=k", FixedCritical(K), frac), ("residual split r=2", FixedCritical(2), frac)]
+        modes += [("residual split r=k", FixedCritical(K), frac), ("residual split r=2", FixedCritical(2), frac)]
         if umia is not None:
-            modes.append(("residual split UMIA", umia, frac))
-    rows = []
-    base = None
+            modes.append(("residual split UMIA (default profile)", umia, frac))
+    rows, base = [], None
     for name, pol, frac in modes:
-        scheds = [SplitSchedule(3 + i, L.parts, pol, dev, c) for i, (L, c) in enumerate(zip(layers, cache_sets[frac]))]
-        t_dec, x = run_decode(layers, scheds, dev, devname, a.steps)
-        r_mean = float(np.mean([s.last_r.mean() for s in scheds]))
-        cpu_ms = 1e3 * float(np.mean([s.stats.cpu_s for s in scheds]))
-        busy = gpu_busy_s(layers, scheds, dev, x) / t_dec if not a.standin else float("nan")
-        t_pre = run_prefill(layers, scheds, dev, devname, a.prefill)
-        per_layer = t_dec / a.layers
+        row = guarded(name, measure_mode, layers, dev, devname, a, name, pol, cache_sets[frac])
+        if row is None:
+            ok = False
+            continue
+        per_layer = row[5]
         base = base or per_layer
-        rows.append((name, f"{frac:.0%}", f"{r_mean:.2f}", f"{1 / t_dec:.1f}", f"{per_layer * 1e3:.2f}",
-                     f"{1 / (per_layer * N_LAYERS_V3):.2f}", f"{base / per_layer:.2f}x", f"{a.prefill / t_pre:.0f}",
-                     f"{busy:.0%}", f"{cpu_ms:.2f}"))
+        row[5] = f"{base / per_layer:.2f}x"
+        rows.append([row[0], f"{frac:.0%}", f"{row[1]:.2f}"] + row[2:])
     print(f"\n== DeepSeek-V3 shapes, {a.layers} layers (decode: {a.steps} steps after 2; prefill: {a.prefill} tokens)\n"
           + table(rows, ["mode", "W_Q cache", "mean r", "decode tok/s", "ms/layer", f"tok/s x{N_LAYERS_V3} layers",
                          "vs KT", "prefill tok/s", "GPU busy", "CPU ms/layer"]))
