@@ -74,6 +74,23 @@ void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_
                  const int32_t* ids /*[S]*/, const int64_t* xoff /*[S]*/, const int64_t* ntok /*[S]*/, size_t S,
                  const float* x /*[*, in_dim]*/, float* y /*[*, out_dim]*/, bool accumulate);
 
+// Several batched expert GEMMs in one parallel pass (rows of all jobs share the
+// threads). xp: activations already prepared for the job's format (prep_x),
+// one row of prep_floats(fmt, in_dim) per x row; jobs must write disjoint y.
+struct GemmJob {
+  Fmt fmt;
+  const uint8_t* W;  // [E, out_dim, row_bytes(fmt, in_dim)]
+  size_t out_dim, in_dim;
+  const int32_t* ids;    // [S] expert per slot
+  const int64_t* xoff;   // [S] first x/y row of the slot
+  const int64_t* ntok;   // [S] rows of the slot
+  size_t S;
+  const float* xp;       // [*, prep_floats(fmt, in_dim)]
+  float* y;              // [*, out_dim]
+  bool accumulate;
+};
+void run_jobs(const GemmJob* jobs, size_t nj);
+
 // The split execution of one MoE layer on the CPU.
 // x [T,H]; ids, weights [T,k]; ncrit [T]: slots j < ncrit[t] are critical.
 // Critical: g = x.WQg + x.WRg, u = x.WQu + x.WRu, h = silu(g)*u, y = h.D4d.

@@ -1,5 +1,5 @@
 // Resplit kernels: activation preparation, the scalar fused references, ISA
-// dispatch, the batched expert GEMV/GEMM and the split-execution MoE layer.
+// dispatch and the batched expert GEMV/GEMM (the MoE layer: resplit_moe.cpp).
 // Each row is decoded once per tile of up to 4 tokens routed to its expert, so
 // prefill reuses the decode across tokens and decode reads each weight once.
 #include <algorithm>
@@ -155,10 +155,32 @@ RowDotFn row_dot_fn(Fmt fmt) {
 }
 
 // ---------------------------------------------------------------- expert GEMM
+void run_jobs(const GemmJob* jobs, size_t nj) {
+  std::vector<size_t> start(nj + 1, 0);  // work items: (job, slot, output row)
+  for (size_t j = 0; j < nj; ++j) start[j + 1] = start[j] + jobs[j].S * jobs[j].out_dim;
+  parallel_for(start[nj], [&](size_t begin, size_t end, int) {
+    std::vector<float> tmp;
+    size_t j = 0;
+    for (size_t it = begin; it < end; ++it) {
+      while (it >= start[j + 1]) ++j;
+      const GemmJob& g = jobs[j];
+      const size_t local = it - start[j], s = local / g.out_dim, o = local % g.out_dim;
+      const size_t nt = (size_t)std::max<int64_t>(g.ntok[s], 0);
+      if (nt == 0) continue;
+      const size_t bl = g.fmt == Fmt::WR ? 64 : 32, nb = (g.in_dim + bl - 1) / bl;
+      const size_t rb = row_bytes(g.fmt, g.in_dim), pf = prep_floats(g.fmt, g.in_dim);
+      tmp.resize(nt);
+      row_dot_fn(g.fmt)(g.W + ((size_t)g.ids[s] * g.out_dim + o) * rb, nb, g.xp + (size_t)g.xoff[s] * pf, pf, nt,
+                        tmp.data(), 1);
+      float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o;
+      for (size_t t = 0; t < nt; ++t) ys[t * g.out_dim] = g.accumulate ? ys[t * g.out_dim] + tmp[t] : tmp[t];
+    }
+  }, 8);
+}
+
 void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_dim, const int32_t* ids,
                  const int64_t* xoff, const int64_t* ntok, size_t S, const float* x, float* y, bool accumulate) {
   (void)E;
-  const size_t rb = row_bytes(fmt, in_dim), bl = fmt == Fmt::WR ? 64 : 32, nb = (in_dim + bl - 1) / bl;
   const size_t pf = prep_floats(fmt, in_dim);
   size_t nrows = 0;
   for (size_t s = 0; s < S; ++s) nrows = std::max(nrows, (size_t)(xoff[s] + std::max<int64_t>(ntok[s], 0)));
@@ -166,77 +188,8 @@ void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_
   parallel_for(nrows, [&](size_t b, size_t e, int) {
     for (size_t r = b; r < e; ++r) prep_x(fmt, x + r * in_dim, in_dim, xp.data() + r * pf);
   }, 8);
-  const RowDotFn dot = row_dot_fn(fmt);
-  // One work item per (slot, output row): contiguous chunks keep a thread on one expert.
-  parallel_for(S * out_dim, [&](size_t begin, size_t end, int) {
-    std::vector<float> tmp;
-    for (size_t it = begin; it < end; ++it) {
-      const size_t s = it / out_dim, o = it % out_dim;
-      const size_t nt = (size_t)std::max<int64_t>(ntok[s], 0);
-      if (nt == 0) continue;
-      tmp.resize(nt);
-      dot(W + ((size_t)ids[s] * out_dim + o) * rb, nb, xp.data() + (size_t)xoff[s] * pf, pf, nt, tmp.data(), 1);
-      float* ys = y + (size_t)xoff[s] * out_dim + o;
-      for (size_t t = 0; t < nt; ++t) ys[t * out_dim] = accumulate ? ys[t * out_dim] + tmp[t] : tmp[t];
-    }
-  }, 8);
-}
-
-// ---------------------------------------------------------------- MoE layer
-void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const int32_t* ids, const float* weights,
-                 const int32_t* ncrit, float* out) {
-  const size_t E = w.E, H = w.H, F = w.F;
-  // Groups: (expert, critical?) -> routed (token, slot) pairs, in token order.
-  std::vector<std::vector<int64_t>> members(2 * E);
-  for (size_t t = 0; t < T; ++t)
-    for (size_t j = 0; j < k; ++j) {
-      const int32_t e = ids[t * k + j];
-      const bool crit = (int32_t)j < ncrit[t];
-      members[2 * (size_t)e + (crit ? 1 : 0)].push_back((int64_t)(t * k + j));
-    }
-  std::vector<int32_t> gid, cid, nid;           // expert per group: all, critical, non-critical
-  std::vector<int64_t> goff, gcnt, coff, ccnt, noff, ncnt;
-  std::vector<int64_t> rows;                    // flat (t*k+j) per gathered row
-  for (size_t g = 0; g < 2 * E; ++g) {
-    if (members[g].empty()) continue;
-    const int32_t e = (int32_t)(g / 2);
-    const int64_t off = (int64_t)rows.size(), cnt = (int64_t)members[g].size();
-    gid.push_back(e); goff.push_back(off); gcnt.push_back(cnt);
-    if (g & 1) { cid.push_back(e); coff.push_back(off); ccnt.push_back(cnt); }
-    else { nid.push_back(e); noff.push_back(off); ncnt.push_back(cnt); }
-    rows.insert(rows.end(), members[g].begin(), members[g].end());
-  }
-  const size_t N = rows.size();
-  std::vector<float> X(N * H), G(N * F), U(N * F), Y(N * H);
-  parallel_for(N, [&](size_t b, size_t e, int) {
-    for (size_t r = b; r < e; ++r) std::memcpy(&X[r * H], x + (size_t)(rows[r] / (int64_t)k) * H, H * sizeof(float));
-  }, 64);
-  expert_gemm(Fmt::WQ, w.gate_q, E, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), X.data(), G.data(), false);
-  expert_gemm(Fmt::WQ, w.up_q, E, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), X.data(), U.data(), false);
-  if (!cid.empty()) {
-    expert_gemm(Fmt::WR, w.gate_r, E, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), X.data(), G.data(), true);
-    expert_gemm(Fmt::WR, w.up_r, E, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), X.data(), U.data(), true);
-  }
-  parallel_for(N * F, [&](size_t b, size_t e, int) {
-    for (size_t i = b; i < e; ++i) {
-      const float g = G[i];
-      G[i] = g / (1.0f + std::exp(-g)) * U[i];
-    }
-  }, 4096);
-  if (!cid.empty())
-    expert_gemm(Fmt::D4, w.down4, E, H, F, cid.data(), coff.data(), ccnt.data(), cid.size(), G.data(), Y.data(), false);
-  if (!nid.empty())
-    expert_gemm(Fmt::WQ, w.down_q, E, H, F, nid.data(), noff.data(), ncnt.data(), nid.size(), G.data(), Y.data(), false);
-  // Weighted sum into out, split over columns so the row order (and result) is fixed.
-  parallel_for(H, [&](size_t c0, size_t c1, int) {
-    for (size_t t = 0; t < T; ++t)
-      for (size_t c = c0; c < c1; ++c) out[t * H + c] = 0.f;
-    for (size_t r = 0; r < N; ++r) {
-      const size_t t = (size_t)(rows[r] / (int64_t)k);
-      const float wt = weights[rows[r]];
-      for (size_t c = c0; c < c1; ++c) out[t * H + c] += wt * Y[r * H + c];
-    }
-  }, 256);
+  const GemmJob job{fmt, W, out_dim, in_dim, ids, xoff, ntok, S, xp.data(), y, accumulate};
+  run_jobs(&job, 1);
 }
 
 }  // namespace resplit
