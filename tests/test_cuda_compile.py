@@ -126,3 +126,80 @@ def test_nvrtc_compiles_when_present(monkeypatch, tmp_path):
     assert set(paths) == set(cuda_build.MODULES)
     assert all(p.read_bytes()[:4] == b"\x7fELF" for p in paths.values())
     assert b"wq_gemv_gate_up" in paths["resplit_wq"].read_bytes()
+
+
+# ---------------------------------------------------------------- whole kernels, emulated on the CPU
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    """The real kernel sources built against dev/emu.h (CUDA threads as CPU threads)."""
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("emu") / "emu_run"
+    r = subprocess.run([cxx, "-O1", "-std=c++20", "-pthread", "-o", str(exe), str(SRC / "dev" / "emu_run.cpp")],
+                       capture_output=True, text=True)
+    if r.returncode != 0 and "barrier" in r.stderr:
+        pytest.skip("C++ compiler without <barrier>")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return lambda cmd, data: subprocess.run([str(exe), cmd], input=data, capture_output=True, check=True).stdout
+
+
+def _rand_wq(rng, E, R, n):
+    nb = -(-n // 32)
+    q = rng.integers(0, 256, (E, R, nb, 8), dtype=np.uint8)
+    code = rng.integers(0x480, 0x4C0, (E, R, nb))  # block scales 0.016..0.023
+    q[..., 6] = (q[..., 6] & 0xF0) | (code & 0xF)
+    q[..., 7] = code >> 4
+    return q.reshape(E, R, nb * 8)
+
+
+def _bf16_bits(a: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_wq_kernels_emulated(emu):
+    """prep -> gate/up (raw and SwiGLU) -> prep -> scaled down -> bf16 dequant, with
+    rows not a multiple of a CTA's (F = 72) and lanes looping twice (H = 1088)."""
+    rng = np.random.default_rng(4)
+    E, F, H, S, N = 3, 72, 1088, 3, 2
+    wg, wu, wd = _rand_wq(rng, E, F, H), _rand_wq(rng, E, F, H), _rand_wq(rng, E, H, F)
+    eid, xrow = np.array([0, 2, 2], np.int32), np.array([0, 0, 1], np.int32)
+    x = (rng.standard_normal((N, H)) * 3).astype(np.float32)
+    scale = np.array([0.5, 2.0, -1.0], np.float32)
+    out = emu("wq", struct.pack("<5i", E, F, H, S, N) + b"".join(
+        a.tobytes() for a in (wg, wu, wd, eid, xrow, x, scale)))
+    sizes = [(S * F, np.float32)] * 3 + [(S * H, np.float32), (S * F * H, np.uint16)]
+    vals, off = [], 0
+    for n, dt in sizes:
+        vals.append(np.frombuffer(out, dt, n, off))
+        off += vals[-1].nbytes
+    g, u, h = (v.reshape(S, F) for v in vals[:3])
+    y, deq = vals[3].reshape(S, H), vals[4].reshape(S, F, H)
+    D = {k: kernels.resplit_dequantize("wq", a, n).astype(np.float64) for k, a, n in (("g", wg, H), ("u", wu, H), ("d", wd, F))}
+    xs = x[xrow].astype(np.float64)
+    g_ref, u_ref = np.einsum("srn,sn->sr", D["g"][eid], xs), np.einsum("srn,sn->sr", D["u"][eid], xs)
+    assert _rel(g, g_ref) < 1e-3 and _rel(u, u_ref) < 1e-3
+    assert _rel(h, g_ref / (1 + np.exp(-g_ref)) * u_ref) < 1e-3
+    assert _rel(y, np.einsum("shf,sf->sh", D["d"][eid], h.astype(np.float64)) * scale[:, None]) < 1e-3
+    np.testing.assert_array_equal(deq, _bf16_bits(D["g"][eid]))
+
+
+@pytest.mark.parametrize("qtype", sorted(GGML), ids=lambda t: GGML[t][0])
+def test_ggml_kernels_emulated(emu, qtype):
+    _, blk, nbytes, f16_at = GGML[qtype]
+    rng = np.random.default_rng(qtype + 100)
+    R, n, T = 20, 512, 3
+    raw = rng.integers(0, 256, (R, n // blk, nbytes), dtype=np.uint8)
+    for o in f16_at:
+        raw[..., o:o + 2] = (rng.random((R, n // blk)) * 1e-3).astype(np.float16).view(np.uint8).reshape(R, n // blk, 2)
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    out = emu("ggml", struct.pack("<4i", qtype, R, n, T) + raw.tobytes() + x.tobytes())
+    y = np.frombuffer(out, np.float32, T * R).reshape(T, R)
+    deq = np.frombuffer(out, np.uint16, R * n, T * R * 4).reshape(R, n)
+    ref = kernels.ggml_dequantize(raw, qtype, R * n).reshape(R, n)
+    assert _rel(y, x.astype(np.float64) @ ref.T.astype(np.float64)) < 1e-5
+    np.testing.assert_array_equal(deq, _bf16_bits(ref))

@@ -109,7 +109,7 @@ RMOE_HD int dp2a_hi_su(u32 a, u32 b, int c) {
 
 }  // namespace rmoe_cuda
 
-#if RMOE_DEVICE_PATH
+#if RMOE_DEVICE_PATH || defined(RMOE_EMULATE)  // dev/emu.h runs the kernels on the CPU
 namespace rmoe_cuda {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
