@@ -151,16 +151,14 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
 }
 
+// Tiles of 8 tokens (32 registers hold their accumulators), then 4, 2, 1.
 #define RMOE_TILED(name, tile)                                                                        \
   void name(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) { \
     size_t t = 0;                                                                                     \
-    for (; t + 4 <= T; t += 4) tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys);                       \
-    switch (T - t) {                                                                                  \
-      case 3: tile<3>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
-      case 2: tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
-      case 1: tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys); break;                                 \
-      default: break;                                                                                 \
-    }                                                                                                 \
+    for (; t + 8 <= T; t += 8) tile<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);                       \
+    if (t + 4 <= T) { tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }                      \
+    if (t + 2 <= T) { tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }                      \
+    if (t < T) tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);                                       \
   }
 
 RMOE_TILED(row_dot_wq_vnni, wq_tile_vnni)
