@@ -143,3 +143,20 @@ def test_attach_gpu_experts_to_a_loaded_model(tmp_path):
     out = m.net.forward(toks, 0, m.net.new_cache(16))
     assert float((out - ref).norm() / ref.norm()) < 1e-5
     assert m.net.critical_sizes() == (2, 2)
+
+
+def test_layers_split_across_devices(tmp_path):
+    from rapidmoe.engine.gpu.executor import attach_gpu_experts
+    from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.synth import write_synthetic
+
+    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=3)
+    m = load_model(src, n_ctx=16, critical=1)
+    toks = torch.tensor([3, 9, 27])
+    ref = m.net.forward(toks, 0, m.net.new_cache(16))
+    devs = [StandInDevice(), StandInDevice()]
+    placed = attach_gpu_experts(m.net, devs, budget_bytes=10**12)
+    assert placed.layers == 3 and placed.cached_experts == placed.total_experts
+    assert [b.ffn.experts.device for b in m.net.blocks] == [devs[0], devs[1], devs[1]]
+    out = m.net.forward(toks, 0, m.net.new_cache(16))
+    assert float((out - ref).norm() / ref.norm()) < 1e-5

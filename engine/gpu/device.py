@@ -121,7 +121,8 @@ class CudaDevice:
     name = "cuda"
 
     def __init__(self, device: str | torch.device = "cuda", measure: bool = False):
-        self.dev = torch.device(device)
+        d = torch.device(device)
+        self.dev = torch.device("cuda", torch.cuda.current_device()) if d.index is None else d
         self.measure = measure
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._open: torch.cuda.Event | None = None
@@ -132,8 +133,10 @@ class CudaDevice:
         return t.to(self.dev)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        if t.is_cuda:
+        if t.device == self.dev:
             return t
+        if t.is_cuda:  # from another GPU (layers split across GPUs)
+            return t.to(self.dev, non_blocking=True)
         src = t if t.is_pinned() else t.pin_memory()
         return src.to(self.dev, non_blocking=True)
 

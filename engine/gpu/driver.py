@@ -23,6 +23,7 @@ class Driver:
         self.lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
             ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         self._tls = threading.local()
+        self._primary: dict[int, ctypes.c_void_p] = {}  # device -> its primary context (kept retained)
 
     def check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -34,13 +35,13 @@ class Driver:
         """Make the device's primary context (the one torch uses) current on this thread."""
         if getattr(self._tls, "device", None) == device:
             return
-        ctx = ctypes.c_void_p()
-        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-        if not ctx.value:
-            dev = ctypes.c_int()
+        ctx = self._primary.get(device)
+        if ctx is None:
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
             self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
             self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-            self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            self._primary[device] = ctx
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self._tls.device = device
 
     def load_module(self, image: bytes) -> ctypes.c_void_p:

@@ -45,9 +45,23 @@ class GpuPlacement:
 
 def attach_gpu_experts(net, device, budget_bytes: int, hotness: dict[int, np.ndarray] | None = None) -> GpuPlacement:
     """Replace each ResplitExperts in net.blocks[*].ffn.experts by a GpuSplitExperts.
-    budget_bytes: VRAM for W_Q; hotness: layer -> routing counts [E] (missing: even spread)."""
+    device: one device, or a list of them (consecutive layers split evenly across
+    them, each with budget_bytes of W_Q); hotness: layer -> routing counts [E]
+    (missing: even spread)."""
     layers = [(b.ffn, b.ffn.experts) for b in net.blocks
               if isinstance(getattr(getattr(b, "ffn", None), "experts", None), ResplitExperts)]
+    if not layers:
+        return GpuPlacement(0, 0, 0, 0)
+    if isinstance(device, (list, tuple)):
+        n = len(device)
+        parts = [_attach(layers[i * len(layers) // n:(i + 1) * len(layers) // n], d, budget_bytes, hotness)
+                 for i, d in enumerate(device)]
+        return GpuPlacement(*(sum(getattr(p, f) for p in parts) for f in ("layers", "cached_experts", "total_experts",
+                                                                           "wq_bytes")))
+    return _attach(layers, device, budget_bytes, hotness)
+
+
+def _attach(layers, device, budget_bytes, hotness) -> GpuPlacement:
     if not layers:
         return GpuPlacement(0, 0, 0, 0)
     ex0 = layers[0][1]
