@@ -129,7 +129,9 @@ def run_prompt(args, prompt: str) -> int:
     from ..engine.generate import ChatSession, Session
     from ..engine.sampling import SamplingParams
 
-    stored = None if args.raw else _stored_chat(args)  # a bad --chat id fails before loading
+    # bad flags and a bad --chat id fail before anything is loaded or converted
+    SamplingParams().with_overrides(**sampling_overrides(args)).validate()
+    stored = None if args.raw else _stored_chat(args)
     model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
     params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
