@@ -54,39 +54,40 @@ __device__ __forceinline__ float wq_block_dot(uint2 w, const u32* zw, float2 f) 
   return (float)(wq_block_idot(w.x, w.y, zw) - (int)f.y) * (f.x * wq_scale(w.y));
 }
 
-#define GU_RPW 2  // rows per warp in wq_gemv_gate_up: each gives a gate and an up dot
-#define DN_RPW 4  // rows per warp in wq_gemv
+// Bodies templated on rows per warp (RPW); the extern "C" entry points below
+// instantiate the default and the variants the device check times.
 
 // Gate and up of the selected experts at once. Slot s uses expert (cache position)
 // eid[s] on prep row xrow[s]. W*: [C, F, rb] bytes, expert stride estride bytes.
 // mode 0: out0 = g [S, F], out1 = u [S, F];  mode 1: out0 = silu(g) * u [S, F].
-// grid (ceil(F / (8*GU_RPW)), S), block 256.
-extern "C" __global__ void __launch_bounds__(256) wq_gemv_gate_up(
-    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 estride, int rb, const int* __restrict__ eid,
-    const int* __restrict__ xrow, const uint4* __restrict__ Z, const float2* __restrict__ SF, int nb, int F,
-    int mode, float* __restrict__ out0, float* __restrict__ out1) {
+// grid (ceil(F / (8*RPW)), S), block 256: each warp RPW rows, each a gate and an up dot.
+template <int RPW>
+__device__ __forceinline__ void gate_up_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 estride, int rb,
+                                             const int* __restrict__ eid, const int* __restrict__ xrow,
+                                             const uint4* __restrict__ Z, const float2* __restrict__ SF, int nb, int F,
+                                             int mode, float* __restrict__ out0, float* __restrict__ out1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, s = blockIdx.y;
-  const int row0 = (blockIdx.x * 8 + warp) * GU_RPW;
+  const int row0 = (blockIdx.x * 8 + warp) * RPW;
   if (row0 >= F) return;
   const i64 e = eid[s];
   const int xr = xrow[s];
   const uint4* z = Z + (i64)xr * 4 * nb;
   const float2* sf = SF + (i64)xr * nb;
-  const u8* g[GU_RPW];
-  const u8* u[GU_RPW];
+  const u8* g[RPW];
+  const u8* u[RPW];
 #pragma unroll
-  for (int r = 0; r < GU_RPW; ++r) {
+  for (int r = 0; r < RPW; ++r) {
     const int row = min(row0 + r, F - 1);  // a missing last row re-reads one, never writes
     g[r] = Wg + e * estride + (i64)row * rb;
     u[r] = Wu + e * estride + (i64)row * rb;
   }
-  float ag[GU_RPW], au[GU_RPW];
+  float ag[RPW], au[RPW];
 #pragma unroll
-  for (int r = 0; r < GU_RPW; ++r) ag[r] = au[r] = 0.0f;
+  for (int r = 0; r < RPW; ++r) ag[r] = au[r] = 0.0f;
   for (int b = lane; b < nb; b += 32) {
-    uint2 wg[GU_RPW], wu[GU_RPW];
+    uint2 wg[RPW], wu[RPW];
 #pragma unroll
-    for (int r = 0; r < GU_RPW; ++r) {  // all weight loads first: several in flight
+    for (int r = 0; r < RPW; ++r) {  // all weight loads first: several in flight
       wg[r] = __ldg(reinterpret_cast<const uint2*>(g[r]) + b);
       wu[r] = __ldg(reinterpret_cast<const uint2*>(u[r]) + b);
     }
@@ -94,13 +95,13 @@ extern "C" __global__ void __launch_bounds__(256) wq_gemv_gate_up(
     load_z(z, nb, b, zw);
     const float2 f = __ldg(sf + b);
 #pragma unroll
-    for (int r = 0; r < GU_RPW; ++r) {
+    for (int r = 0; r < RPW; ++r) {
       ag[r] += wq_block_dot(wg[r], zw, f);
       au[r] += wq_block_dot(wu[r], zw, f);
     }
   }
 #pragma unroll
-  for (int r = 0; r < GU_RPW; ++r) {
+  for (int r = 0; r < RPW; ++r) {
     const float gs = warp_sum(ag[r]), us = warp_sum(au[r]);
     const int row = row0 + r;
     if (lane == 0 && row < F) {
@@ -115,41 +116,63 @@ extern "C" __global__ void __launch_bounds__(256) wq_gemv_gate_up(
 }
 
 // One projection of the selected experts: y[s, o] = scale[s] * (W[eid[s]] . x[xrow[s]])[o].
-// W: [C, R, rb] bytes; scale may be null (1). grid (ceil(R / (8*DN_RPW)), S), block 256.
-extern "C" __global__ void __launch_bounds__(256) wq_gemv(
-    const u8* __restrict__ W, i64 estride, int rb, const int* __restrict__ eid, const int* __restrict__ xrow,
-    const uint4* __restrict__ Z, const float2* __restrict__ SF, int nb, int R, const float* __restrict__ scale,
-    float* __restrict__ y) {
+// W: [C, R, rb] bytes; scale may be null (1). grid (ceil(R / (8*RPW)), S), block 256.
+template <int RPW>
+__device__ __forceinline__ void gemv_body(const u8* __restrict__ W, i64 estride, int rb, const int* __restrict__ eid,
+                                          const int* __restrict__ xrow, const uint4* __restrict__ Z,
+                                          const float2* __restrict__ SF, int nb, int R, const float* __restrict__ scale,
+                                          float* __restrict__ y) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, s = blockIdx.y;
-  const int row0 = (blockIdx.x * 8 + warp) * DN_RPW;
+  const int row0 = (blockIdx.x * 8 + warp) * RPW;
   if (row0 >= R) return;
   const i64 e = eid[s];
   const int xr = xrow[s];
   const uint4* z = Z + (i64)xr * 4 * nb;
   const float2* sf = SF + (i64)xr * nb;
-  const u8* w[DN_RPW];
+  const u8* w[RPW];
 #pragma unroll
-  for (int r = 0; r < DN_RPW; ++r) w[r] = W + e * estride + (i64)min(row0 + r, R - 1) * rb;
-  float acc[DN_RPW];
+  for (int r = 0; r < RPW; ++r) w[r] = W + e * estride + (i64)min(row0 + r, R - 1) * rb;
+  float acc[RPW];
 #pragma unroll
-  for (int r = 0; r < DN_RPW; ++r) acc[r] = 0.0f;
+  for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
   for (int b = lane; b < nb; b += 32) {
-    uint2 wv[DN_RPW];
+    uint2 wv[RPW];
 #pragma unroll
-    for (int r = 0; r < DN_RPW; ++r) wv[r] = __ldg(reinterpret_cast<const uint2*>(w[r]) + b);
+    for (int r = 0; r < RPW; ++r) wv[r] = __ldg(reinterpret_cast<const uint2*>(w[r]) + b);
     u32 zw[16];
     load_z(z, nb, b, zw);
     const float2 f = __ldg(sf + b);
 #pragma unroll
-    for (int r = 0; r < DN_RPW; ++r) acc[r] += wq_block_dot(wv[r], zw, f);
+    for (int r = 0; r < RPW; ++r) acc[r] += wq_block_dot(wv[r], zw, f);
   }
   const float sc = scale ? scale[s] : 1.0f;
 #pragma unroll
-  for (int r = 0; r < DN_RPW; ++r) {
+  for (int r = 0; r < RPW; ++r) {
     const float v = warp_sum(acc[r]);
     if (lane == 0 && row0 + r < R) y[(i64)s * R + row0 + r] = sc * v;
   }
 }
+
+#define RMOE_GATE_UP(name, rpw)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) name(                                                    \
+      const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 estride, int rb, const int* __restrict__ eid, \
+      const int* __restrict__ xrow, const uint4* __restrict__ Z, const float2* __restrict__ SF, int nb, int F, \
+      int mode, float* __restrict__ out0, float* __restrict__ out1) {                                         \
+    gate_up_body<rpw>(Wg, Wu, estride, rb, eid, xrow, Z, SF, nb, F, mode, out0, out1);                       \
+  }
+#define RMOE_GEMV(name, rpw)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256) name(                                                    \
+      const u8* __restrict__ W, i64 estride, int rb, const int* __restrict__ eid, const int* __restrict__ xrow, \
+      const uint4* __restrict__ Z, const float2* __restrict__ SF, int nb, int R, const float* __restrict__ scale, \
+      float* __restrict__ y) {                                                                                \
+    gemv_body<rpw>(W, estride, rb, eid, xrow, Z, SF, nb, R, scale, y);                                         \
+  }
+RMOE_GATE_UP(wq_gemv_gate_up, 2)
+RMOE_GATE_UP(wq_gemv_gate_up_r1, 1)
+RMOE_GATE_UP(wq_gemv_gate_up_r4, 4)
+RMOE_GEMV(wq_gemv, 4)
+RMOE_GEMV(wq_gemv_r2, 2)
+RMOE_GEMV(wq_gemv_r8, 8)
 
 // W[eid[s]] -> bf16 [S, R, n] (prefill: the GEMMs then run on tensor cores).
 // One thread per (row, 32-block). grid (ceil(R*nb / 256), S), block 256.

@@ -15,13 +15,20 @@ from .driver import Driver, Kernel
 _SIGS = {
     "wq_prep": ("resplit_wq", "piiipp"),
     "wq_gemv_gate_up": ("resplit_wq", "pplippppiiipp"),
+    "wq_gemv_gate_up_r1": ("resplit_wq", "pplippppiiipp"),
+    "wq_gemv_gate_up_r4": ("resplit_wq", "pplippppiiipp"),
     "wq_gemv": ("resplit_wq", "plippppiipp"),
+    "wq_gemv_r2": ("resplit_wq", "plippppiipp"),
+    "wq_gemv_r8": ("resplit_wq", "plippppiipp"),
     "wq_dequant_bf16": ("resplit_wq", "plipiip"),
     "ggml_gemv": ("ggml_gemv", "ipiiipip"),
     "ggml_dequant_bf16": ("ggml_gemv", "ipiiip"),
 }
 GG_TMAX = 8  # tokens per ggml_gemv launch (csrc/cuda/ggml_gemv.cu)
-GU_ROWS_PER_CTA, DN_ROWS_PER_CTA = 16, 32  # 8 warps x GU_RPW / DN_RPW (resplit_wq.cu)
+# rows per warp of each W_Q GEMV entry point (resplit_wq.cu); 8 warps per CTA
+GU_VARIANTS = {2: "wq_gemv_gate_up", 1: "wq_gemv_gate_up_r1", 4: "wq_gemv_gate_up_r4"}
+DN_VARIANTS = {4: "wq_gemv", 2: "wq_gemv_r2", 8: "wq_gemv_r8"}
+GU_RPW, DN_RPW = 2, 4  # defaults
 GGML_TYPES = {8: (32, 34), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # Q8_0, Q4_K, Q5_K, Q6_K
 
 _lock = threading.Lock()
@@ -78,7 +85,7 @@ def wq_prep(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def wq_gate_up(wg: torch.Tensor, wu: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor,
-               prep: tuple[torch.Tensor, torch.Tensor], swiglu: bool):
+               prep: tuple[torch.Tensor, torch.Tensor], swiglu: bool, rpw: int = GU_RPW):
     """wg, wu [C, F, rb] uint8; eid [S] int32 (positions in wg); xrow [S] int32 (rows of prep).
     swiglu: h = silu(g)*u [S, F]; else (g [S, F], u [S, F])."""
     Z, SF = prep
@@ -91,13 +98,14 @@ def wq_gate_up(wg: torch.Tensor, wu: torch.Tensor, eid: torch.Tensor, xrow: torc
     S = eid.numel()
     out0 = torch.empty(S, F, dtype=torch.float32, device=wg.device)
     out1 = None if swiglu else torch.empty(S, F, dtype=torch.float32, device=wg.device)
-    _launch("wq_gemv_gate_up", wg.device, (-(-F // GU_ROWS_PER_CTA), S), wg.data_ptr(), wu.data_ptr(), F * rb, rb,
+    _launch(GU_VARIANTS[rpw], wg.device, (-(-F // (8 * rpw)), S), wg.data_ptr(), wu.data_ptr(), F * rb, rb,
             eid.data_ptr(), xrow.data_ptr(), Z.data_ptr(), SF.data_ptr(), nb, F, 1 if swiglu else 0,
             out0.data_ptr(), _ptr(out1))
     return out0 if swiglu else (out0, out1)
 
 
-def wq_gemv(w: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor, prep, scale: torch.Tensor | None = None):
+def wq_gemv(w: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor, prep, scale: torch.Tensor | None = None,
+            rpw: int = DN_RPW):
     """w [C, R, rb] uint8 -> y [S, R] = scale[s] * W[eid[s]] . x[xrow[s]]."""
     Z, SF = prep
     _check(w, torch.uint8, "wq_gemv w")
@@ -107,7 +115,7 @@ def wq_gemv(w: torch.Tensor, eid: torch.Tensor, xrow: torch.Tensor, prep, scale:
         raise ValueError("wq_gemv: weights and activations disagree on the input width")
     S = eid.numel()
     y = torch.empty(S, R, dtype=torch.float32, device=w.device)
-    _launch("wq_gemv", w.device, (-(-R // DN_ROWS_PER_CTA), S), w.data_ptr(), R * rb, rb, eid.data_ptr(),
+    _launch(DN_VARIANTS[rpw], w.device, (-(-R // (8 * rpw)), S), w.data_ptr(), R * rb, rb, eid.data_ptr(),
             xrow.data_ptr(), Z.data_ptr(), SF.data_ptr(), nb, R, _ptr(scale), y.data_ptr())
     return y
 

@@ -158,6 +158,12 @@ def bandwidth(layer_q: dict) -> dict:
     rows = torch.arange(8, dtype=torch.int32, device="cuda")
     gu_bytes = 2 * 8 * wg[0].numel()
     dn_bytes = 8 * wd[0].numel()
+    for rpw in gk.GU_VARIANTS:  # every rows-per-warp variant, to pick the default from
+        ms = _time_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True, rpw=rpw), 64)
+        res[f"gate_up rpw={rpw}"] = gu_bytes / ms / 1e6
+    for rpw in gk.DN_VARIANTS:
+        ms = _time_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h, rpw=rpw), 64)
+        res[f"down rpw={rpw}"] = dn_bytes / ms / 1e6
     gu_ms = _time_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True), 64)
     dn_ms = _time_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h), 64)
     res.update(gate_up_GBs=gu_bytes / gu_ms / 1e6, down_GBs=dn_bytes / dn_ms / 1e6,

@@ -2,7 +2,8 @@
 // tests compare the outputs with the numpy/CPU references.
 //   wq    in: i32 E, F, H, S, N; u8 wg[E,F,rb(H)], wu[E,F,rb(H)], wd[E,H,rb(F)]; i32 eid[S], xrow[S];
 //             f32 x[N,H], scale[S]
-//         out: f32 g[S,F], u[S,F], h[S,F], y[S,H]; u16 deq[S,F,H] (bf16 of gate)
+//         out: f32 g[S,F], u[S,F], h[S,F], y[S,H]; u16 deq[S,F,H] (bf16 of gate);
+//              i32 1 if the other rows-per-warp variants gave the same bits
 //   ggml  in: i32 type, R, n, T; u8 w[R, rb]; f32 x[T,n]   out: f32 y[T,R]; u16 deq[R,n]
 #include "emu.h"
 
@@ -45,7 +46,23 @@ static int run_wq() {
   std::vector<u16> deq((size_t)S * F * H);
   emu_launch({(unsigned)(F * nbH + 255) / 256, (unsigned)S, 1}, 256, wq_dequant_bf16, wg.data(), (i64)F * rbH, rbH,
              eid.data(), H, F, deq.data());
+  // the other rows-per-warp variants must give the same bits (same per-row arithmetic)
+  std::vector<float> g2((size_t)S * F), u2((size_t)S * F), y2((size_t)S * H);
+  int variants_equal = 1;
+  for (auto k : {wq_gemv_gate_up_r1, wq_gemv_gate_up_r4}) {
+    const unsigned rpc = k == wq_gemv_gate_up_r1 ? 8 : 32;
+    emu_launch({(unsigned)(F + rpc - 1) / rpc, (unsigned)S, 1}, 256, k, wg.data(), wu.data(), (i64)F * rbH, rbH,
+               eid.data(), xrow.data(), Z.data(), SF.data(), nbH, F, 0, g2.data(), u2.data());
+    variants_equal &= g2 == g && u2 == u;
+  }
+  for (auto k : {wq_gemv_r8}) {  // (r2 is the same template; emulating it costs the most blocks)
+    const unsigned rpc = 64;
+    emu_launch({(unsigned)(H + rpc - 1) / rpc, (unsigned)S, 1}, 256, k, wd.data(), (i64)H * rbF, rbF, eid.data(),
+               rows.data(), Zh.data(), SFh.data(), nbF, H, scale.data(), y2.data());
+    variants_equal &= y2 == y;
+  }
   wr(g); wr(u); wr(h); wr(y); wr(deq);
+  wr(std::vector<int>{variants_equal});
   return 0;
 }
 
