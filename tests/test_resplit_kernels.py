@@ -3,7 +3,7 @@
 Tolerance: the kernels decode weights exactly as the oracle does and sum in
 float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
-The SIMD paths run WQ on int8 activations (per 32: sx = max|x|/127, rint(x/sx));
+The SIMD paths run WQ and D4 on int8 activations (per 32: sx = max|x|/127, rint(x/sx));
 their reference applies the same rounding to x (oracle q8_activations), so the bound holds.
 """
 import os
@@ -50,7 +50,7 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
             g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ x[t] if crit else 0)
             u = deq("wq", L["up_q"][e], H) @ xq + (deq("wr", L["up_r"][e], H) @ x[t] if crit else 0)
             h = (silu(g) * u).astype(np.float32)
-            y = deq("d4", L["down4"][e], F) @ h if crit else deq("wq", L["down_q"][e], F) @ wq_x(h)
+            y = deq("d4", L["down4"][e], F) @ wq_x(h) if crit else deq("wq", L["down_q"][e], F) @ wq_x(h)
             out[t] += wts[t, j] * y
     return out
 
@@ -66,7 +66,7 @@ def check_all(seed=0):
         else:
             q = kernels.resplit_quantize(fmt, w)
         dense = o.dequantize(fmt, q, in_dim).astype(np.float64)
-        ax = wq_x if fmt == "wq" else (lambda v: v)  # noqa: E731
+        ax = wq_x if fmt in ("wq", "d4") else (lambda v: v)  # noqa: E731
         # decode: one activation row per slot, repeated experts allowed
         ids = np.array([3, 0, 3, 4], np.int32)
         x = rng.standard_normal((4, in_dim)).astype(np.float32)

@@ -54,8 +54,9 @@ using DequantRowFn = void (*)(const uint8_t* row, size_t nblocks, float* out);
 DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
 
 // Activations prepared once per token for the fused kernels (prep_x). The SIMD
-// paths run WQ on int8 activations (per 32 weights: sx = max|x|/127, xq =
-// rint(x/sx); see prep_wq_q8 in resplit_gemv.cpp); the scalar path keeps f32:
+// paths run WQ and D4 on int8 activations (per 32 weights: sx = max|x|/127,
+// xq = rint(x/sx); prep_wq_q8/prep_d4_q8 in resplit_gemv.cpp); WR and the
+// scalar path use f32:
 //   WQ: per pair of 32-blocks 80 floats [digit i 0..4][block of pair 0..1][byte lane 0..7]:
 //       lane j<6 = x[6i+j], lane 6 = x[30+i] (i<2, else 0), lane 7 = -sum(x of block) at i=0
 //       (byte lane 7 decodes to digit 1 at i=0 and is weighted 0 elsewhere).

@@ -17,13 +17,48 @@ namespace resplit {
 
 // ---------------------------------------------------------------- activations
 namespace {
-bool wq_int8() {  // the SIMD paths run WQ on int8 activations
+bool int8_acts() {  // the SIMD paths run WQ and D4 on int8 activations
   static const bool v = active_isa() != Isa::Scalar;
   return v;
 }
 
 // Round-half-even without libm (|x| <= 127 here).
 inline float rne(float x) { return (x + 12582912.0f) - 12582912.0f; }
+
+// Per 32 values: sx = max|x|/127, xq = rint(x * 127/max|x|) (0 if all zero); returns sum(xq).
+int q8_block(const float* x, size_t n, int8_t* q, float* sx) {
+  float xb[32] = {0};
+  for (size_t j = 0; j < 32 && j < n; ++j) xb[j] = x[j];
+  float amax = 0.f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+  *sx = amax / 127.0f;
+  const float inv = amax > 0.f ? 127.0f / amax : 0.f;
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = (int8_t)rne(xb[j] * inv);
+    sum += q[j];
+  }
+  return sum;
+}
+
+// D4 int8 activations, per group of 4 blocks (64 floats): int8 lo[4 blocks][16] (weights
+// 0-15), int8 hi[4][16] (weights 16-31), float sx[16] (lanes 4b..4b+3 = sx_b), float
+// c[16] (lane 4b = sx_b * sum(xq_b)).
+void prep_d4_q8(const float* x, size_t n, float* out) {
+  const size_t nb = (n + 31) / 32;
+  std::memset(out, 0, (nb + 3) / 4 * 64 * sizeof(float));
+  for (size_t b = 0; b < nb; ++b) {
+    int8_t q[32];
+    float sx;
+    const int sum = q8_block(x + 32 * b, n - 32 * b, q, &sx);
+    float* g = out + (b / 4) * 64;
+    int8_t* xq = reinterpret_cast<int8_t*>(g) + (b % 4) * 16;
+    std::memcpy(xq, q, 16);
+    std::memcpy(xq + 64, q + 16, 16);
+    for (int l = 0; l < 4; ++l) g[32 + 4 * (b % 4) + l] = sx;
+    g[48 + 4 * (b % 4)] = sx * (float)sum;
+  }
+}
 
 // WQ int8 activations, per group of 8 blocks (112 floats): int8 xq[5][8 blocks][8 lanes]
 // (same lane order as the f32 layout, lane 7 = 0), float sx[16] (lanes 2b, 2b+1 = sx_b),
@@ -32,17 +67,9 @@ void prep_wq_q8(const float* x, size_t n, float* out) {
   const size_t nb = (n + 31) / 32;
   std::memset(out, 0, (nb + 7) / 8 * 112 * sizeof(float));
   for (size_t b = 0; b < nb; ++b) {
-    float xb[32] = {0};
-    for (size_t j = 0; j < 32 && 32 * b + j < n; ++j) xb[j] = x[32 * b + j];
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float sx = amax / 127.0f, inv = amax > 0.f ? 127.0f / amax : 0.f;
     int8_t q[32];
-    int sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      q[j] = (int8_t)rne(xb[j] * inv);
-      sum += q[j];
-    }
+    float sx;
+    const int sum = q8_block(x + 32 * b, n - 32 * b, q, &sx);
     float* g = out + (b / 8) * 112;
     int8_t* xq = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
     for (int i = 0; i < 5; ++i) {
@@ -57,14 +84,15 @@ void prep_wq_q8(const float* x, size_t n, float* out) {
 
 size_t prep_floats(Fmt fmt, size_t n) {
   switch (fmt) {
-    case Fmt::WQ: return wq_int8() ? ((n + 31) / 32 + 7) / 8 * 112 : ((n + 31) / 32 + 1) / 2 * 80;
+    case Fmt::WQ: return int8_acts() ? ((n + 31) / 32 + 7) / 8 * 112 : ((n + 31) / 32 + 1) / 2 * 80;
     case Fmt::WR: return (n + 63) / 64 * 64;
-    default: return (n + 31) / 32 * 33;
+    default: return int8_acts() ? ((n + 31) / 32 + 3) / 4 * 64 : (n + 31) / 32 * 33;
   }
 }
 
 void prep_x(Fmt fmt, const float* x, size_t n, float* out) {
-  if (fmt == Fmt::WQ && wq_int8()) return prep_wq_q8(x, n, out);
+  if (fmt == Fmt::WQ && int8_acts()) return prep_wq_q8(x, n, out);
+  if (fmt == Fmt::D4 && int8_acts()) return prep_d4_q8(x, n, out);
   const size_t pf = prep_floats(fmt, n);
   std::memset(out, 0, pf * sizeof(float));
   if (fmt == Fmt::WR) {

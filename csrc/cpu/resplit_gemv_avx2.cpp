@@ -110,35 +110,38 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
 }
 
+// D4 on int8 activations (prep_d4_q8): 2 blocks per register, low nibbles
+// (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
 template <int NT>
 void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
-  const __m128i m4 = _mm_set1_epi8(0xF);
-  constexpr int A = NT >= 2 ? 2 : 4;  // independent FMA chains per token
-  __m256 tot[NT][A];
-  float corr[NT];
-  for (int t = 0; t < NT; ++t) {
-    for (int a = 0; a < A; ++a) tot[t][a] = _mm256_setzero_ps();
-    corr[t] = 0.f;
-  }
-  for (size_t b = 0; b < nb; ++b, q += 18) {
-    const __m256 d = _mm256_set1_ps(D * (float)q[16]);
-    const __m128i raw = _mm_loadu_si128((const __m128i*)q);
-    const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    const float dm = M * (float)q[17];
-    for (int p = 0; p < 4; ++p) {
-      const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p])));
-      for (int t = 0; t < NT; ++t) tot[t][p % A] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 32 * b + 8 * p), tot[t][p % A]);
+  const __m256i m4 = _mm256_set1_epi8(0xF), ones16 = _mm256_set1_epi16(1);
+  __m256 tot[NT], totm[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    const uint8_t* qb = q + 18 * b;
+    const __m128i v0 = _mm_loadu_si128((const __m128i*)qb);
+    const __m128i v1 = two ? _mm_loadu_si128((const __m128i*)(qb + 18)) : _mm_setzero_si128();
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(v0), v1, 1);
+    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    const float d0 = D * (float)qb[16], m0 = M * (float)qb[17];
+    const float d1 = two ? D * (float)qb[34] : 0.f, m1 = two ? M * (float)qb[35] : 0.f;
+    const __m256 dv = _mm256_set_ps(d1, d1, d1, d1, d0, d0, d0, d0), mv = _mm256_set_ps(m1, m1, m1, m1, m0, m0, m0, m0);
+    const size_t half = (b % 4) / 2;
+    const float* g = xp + (b / 4) * 64;
+    for (int t = 0; t < NT; ++t) {
+      const float* gt = g + t * xs;
+      const __m256i xl = _mm256_loadu_si256((const __m256i*)(gt + 8 * half));
+      const __m256i xh = _mm256_loadu_si256((const __m256i*)(gt + 16 + 8 * half));
+      const __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones16),
+                                           _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones16));
+      tot[t] = _mm256_fmadd_ps(dv, _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_loadu_ps(gt + 32 + 8 * half)), tot[t]);
+      totm[t] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(gt + 48 + 8 * half), totm[t]);
     }
-    for (int t = 0; t < NT; ++t) corr[t] += dm * xp[t * xs + nb * 32 + b];
   }
-  for (int t = 0; t < NT; ++t) {
-    __m256 sum = tot[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, tot[t][a]);
-    y[t * ys] = hsum(sum) - corr[t];
-  }
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - hsum(totm[t]);
 }
 
 #define RMOE_TILED(name, tile)                                                                        \

@@ -111,44 +111,50 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
 }
 
-template <int NT>
+// D4 on int8 activations (prep_d4_q8): 4 blocks per register, low nibbles
+// (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
+template <int NT, bool VNNI>
 void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const float D = h2f(q[0] | (q[1] << 8)), M = h2f(q[2] | (q[3] << 8));
   q += 4;
-  const __m512i m4 = _mm512_set1_epi32(0xF);
-  constexpr int A = NT >= 4 ? 2 : 4;  // independent FMA chains per token (even count)
-  __m512 tot[NT][A];
-  float corr[NT];
-  for (int t = 0; t < NT; ++t) {
-    for (int a = 0; a < A; ++a) tot[t][a] = _mm512_setzero_ps();
-    corr[t] = 0.f;
-  }
-  // a0 is a constant after inlining, so the accumulators stay in registers.
-  auto block = [&](size_t b, const int a0) {
+  const __m512i m4 = _mm512_set1_epi8(0xF), ones16 = _mm512_set1_epi16(1);
+  __m512 tot[NT], totm[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; b += 4) {
+    const size_t nbl = nb - b < 4 ? nb - b : 4;
     const uint8_t* qb = q + 18 * b;
-    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)qb));
-    const __m512 d = _mm512_set1_ps(D * (float)qb[16]);
-    const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(raw, m4)));
-    const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4)));
-    const float dm = M * (float)qb[17];
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)qb));
+    float d[4] = {D * (float)qb[16], 0.f, 0.f, 0.f}, m[4] = {M * (float)qb[17], 0.f, 0.f, 0.f};
+    if (nbl > 1) { v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)(qb + 18)), 1); d[1] = D * (float)qb[34]; m[1] = M * (float)qb[35]; }
+    if (nbl > 2) { v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)(qb + 36)), 2); d[2] = D * (float)qb[52]; m[2] = M * (float)qb[53]; }
+    if (nbl > 3) { v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)(qb + 54)), 3); d[3] = D * (float)qb[70]; m[3] = M * (float)qb[71]; }
+    const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    const __m512 dv = _mm512_set_ps(d[3], d[3], d[3], d[3], d[2], d[2], d[2], d[2], d[1], d[1], d[1], d[1], d[0], d[0], d[0], d[0]);
+    const __m512 mv = _mm512_set_ps(m[3], m[3], m[3], m[3], m[2], m[2], m[2], m[2], m[1], m[1], m[1], m[1], m[0], m[0], m[0], m[0]);
+    const float* g = xp + (b / 4) * 64;
     for (int t = 0; t < NT; ++t) {
-      const float* x = xp + t * xs + 32 * b;
-      tot[t][a0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), tot[t][a0]);
-      tot[t][a0 + 1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), tot[t][a0 + 1]);
-      corr[t] += dm * xp[t * xs + nb * 32 + b];
+      const float* gt = g + t * xs;
+      const __m512i xl = _mm512_loadu_si512(gt), xh = _mm512_loadu_si512(gt + 16);
+      __m512i acc;
+      if (VNNI) {
+        acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+      } else {
+        acc = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, xl), ones16),
+                               _mm512_madd_epi16(_mm512_maddubs_epi16(hi, xh), ones16));
+      }
+      tot[t] = _mm512_fmadd_ps(dv, _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps(gt + 32)), tot[t]);
+      totm[t] = _mm512_fmadd_ps(mv, _mm512_loadu_ps(gt + 48), totm[t]);
     }
-  };
-  size_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    block(b, 0);
-    block(b + 1, A > 2 ? 2 : 0);
   }
-  if (b < nb) block(b, 0);
-  for (int t = 0; t < NT; ++t) {
-    __m512 sum = tot[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, tot[t][a]);
-    y[t * ys] = _mm512_reduce_add_ps(sum) - corr[t];
-  }
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]) - _mm512_reduce_add_ps(totm[t]);
+}
+template <int NT>
+void d4_tile_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  d4_tile<NT, true>(q, nb, xp, xs, y, ys);
+}
+template <int NT>
+void d4_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  d4_tile<NT, false>(q, nb, xp, xs, y, ys);
 }
 
 // Tiles of 8 tokens (32 registers hold their accumulators), then 4, 2, 1.
@@ -163,6 +169,8 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 
 RMOE_TILED(row_dot_wq_vnni, wq_tile_vnni)
 RMOE_TILED(row_dot_wq_bw, wq_tile_bw)
+RMOE_TILED(row_dot_d4_vnni, d4_tile_vnni)
+RMOE_TILED(row_dot_d4_bw, d4_tile_bw)
 
 }  // namespace
 
@@ -172,7 +180,10 @@ void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
   (vnni ? row_dot_wq_vnni : row_dot_wq_bw)(q, nb, xp, xs, T, y, ys);
 }
 RMOE_TILED(row_dot_wr_avx512, wr_tile)
-RMOE_TILED(row_dot_d4_avx512, d4_tile)
+void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  static const bool vnni = cpu_features().avx512vnni;
+  (vnni ? row_dot_d4_vnni : row_dot_d4_bw)(q, nb, xp, xs, T, y, ys);
+}
 
 }  // namespace resplit
 }  // namespace rmoe

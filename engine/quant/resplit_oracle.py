@@ -336,7 +336,7 @@ def dequantize_d4(q: np.ndarray, n: int) -> np.ndarray:
 
 
 def q8_activations(x: np.ndarray) -> np.ndarray:
-    """x as the SIMD WQ kernels see it: per 32 values sx*rint(x*127/max|x|), sx = max|x|/127."""
+    """x as the SIMD WQ and D4 kernels see it: per 32 values sx*rint(x*127/max|x|), sx = max|x|/127."""
     x = np.asarray(x, np.float32)
     n = x.shape[-1]
     pad = np.zeros(x.shape[:-1] + (-(-n // 32) * 32,), np.float32)
