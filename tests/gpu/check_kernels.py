@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -138,16 +137,18 @@ def _time_ms(fn, iters: int) -> float:
     return a.elapsed_time(b) / iters
 
 
+def _copy_ms(n: int) -> float:
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return _time_ms(lambda i: dst.copy_(src), 10)
+
+
 def bandwidth(layer_q: dict) -> dict:
     """Device copy bandwidth (bytes read + written) and W_Q GEMV read bandwidth on
     one DeepSeek-V3 layer's W_Q (2.8 GB, far beyond L2), k=8 experts per launch
     with the expert set rotating so no launch finds its weights in L2."""
     n = 2 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = _time_ms(lambda i: dst.copy_(src), 10)
-    del src, dst
-    res = {"copy_GBs": 2 * n / copy_ms / 1e6}
+    res = {"copy_GBs": 2 * n / _copy_ms(n) / 1e6}
     wg, wu, wd = (torch.from_numpy(layer_q[k]).cuda() for k in ("gate_q", "up_q", "down_q"))
     Ecount = wg.shape[0]
     perm = torch.randperm(Ecount, generator=torch.Generator().manual_seed(5))

@@ -5,7 +5,6 @@ stood in for by its projections at MLA shapes in Q8_0 (q_a, q_b, kv_a, kv_b,
 o): the weight traffic of a decode step, without the KV-cache math."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
