@@ -186,7 +186,9 @@ def main() -> int:
               f"= {bw['layer_k8_GBs'] / bw['copy_GBs']:.0%} of copy (bar 60%)\n"
               f"W_Q GEMV over a whole layer ({layers[0].E} experts): {bw['layer_all_GBs']:.0f} GB/s "
               f"= {bw['layer_all_GBs'] / bw['copy_GBs']:.0%} of copy\nvariants (GB/s): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in bw.items() if "rpw" in k))
+              + ", ".join(f"{k} {v:.0f}" for k, v in bw.items() if "rpw" in k)
+              + "\nGGUF-type GEMV, [7168, 16384], T=1 (GB/s): "
+              + ", ".join(f"{k[5:]} {v:.0f}" for k, v in bw.items() if k.startswith("ggml ")))
     cache_sets = {f: caches(dev, layers, f) for f in (1.0, 0.25, 0.0)}
     rows = []
     ok &= bool(guarded("split correctness", correctness, layers[0], dev, cache_sets, devname, rows))

@@ -137,6 +137,24 @@ def _time_ms(fn, iters: int) -> float:
     return a.elapsed_time(b) / iters
 
 
+def _graph_ms(fn, iters: int) -> float:
+    """Per-call time of fn with launch overhead taken out: iters calls captured in
+    a CUDA graph and replayed (plain timing if capture is refused)."""
+    try:
+        fn(0)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(iters):
+                fn(i)
+        g.replay()
+        torch.cuda.synchronize()
+        return _time_ms(lambda i: g.replay(), 3) / iters
+    except Exception as e:  # noqa: BLE001
+        print(f"(graph capture refused: {e}; timing with launch overhead)")
+        return _time_ms(fn, iters)
+
+
 def _copy_ms(n: int) -> float:
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -146,9 +164,21 @@ def _copy_ms(n: int) -> float:
 def bandwidth(layer_q: dict) -> dict:
     """Device copy bandwidth (bytes read + written) and W_Q GEMV read bandwidth on
     one DeepSeek-V3 layer's W_Q (2.8 GB, far beyond L2), k=8 experts per launch
-    with the expert set rotating so no launch finds its weights in L2."""
+    with the expert set rotating so no launch finds its weights in L2; launches
+    replayed from a CUDA graph, so the figures are the kernels' own."""
     n = 2 << 30
     res = {"copy_GBs": 2 * n / _copy_ms(n) / 1e6}
+    _wq_bandwidth(layer_q, res)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x1 = torch.randn(1, 16384, device="cuda")
+    for qtype, name in ((8, "Q8_0"), (12, "Q4_K"), (14, "Q6_K")):  # attn_output-shaped [7168, 16384], T = 1
+        raw = random_q8_0(H, 16384, gen, "cuda") if qtype == 8 else _random_kquant(qtype, H, 16384, gen, "cuda")
+        ms = _graph_ms(lambda i: gk.ggml_gemv(raw, qtype, 16384, x1), 20)
+        res[f"ggml {name}"] = raw.numel() / ms / 1e6
+    return res
+
+
+def _wq_bandwidth(layer_q: dict, res: dict) -> None:
     wg, wu, wd = (torch.from_numpy(layer_q[k]).cuda() for k in ("gate_q", "up_q", "down_q"))
     Ecount = wg.shape[0]
     perm = torch.randperm(Ecount, generator=torch.Generator().manual_seed(5))
@@ -160,13 +190,13 @@ def bandwidth(layer_q: dict) -> dict:
     gu_bytes = 2 * 8 * wg[0].numel()
     dn_bytes = 8 * wd[0].numel()
     for rpw in gk.GU_VARIANTS:  # every rows-per-warp variant, to pick the default from
-        ms = _time_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True, rpw=rpw), 64)
+        ms = _graph_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True, rpw=rpw), 32)
         res[f"gate_up rpw={rpw}"] = gu_bytes / ms / 1e6
     for rpw in gk.DN_VARIANTS:
-        ms = _time_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h, rpw=rpw), 64)
+        ms = _graph_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h, rpw=rpw), 32)
         res[f"down rpw={rpw}"] = dn_bytes / ms / 1e6
-    gu_ms = _time_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True), 64)
-    dn_ms = _time_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h), 64)
+    gu_ms = _graph_ms(lambda i: gk.wq_gate_up(wg, wu, sets[i % len(sets)], xrow, prep_x, True), 32)
+    dn_ms = _graph_ms(lambda i: gk.wq_gemv(wd, sets[i % len(sets)], rows, prep_h), 32)
     res.update(gate_up_GBs=gu_bytes / gu_ms / 1e6, down_GBs=dn_bytes / dn_ms / 1e6,
                layer_k8_GBs=(gu_bytes + dn_bytes) / (gu_ms + dn_ms) / 1e6, gate_up_us=gu_ms * 1e3, down_us=dn_ms * 1e3)
     all_e = torch.arange(Ecount, dtype=torch.int32, device="cuda")  # every expert once: the whole layer
@@ -175,4 +205,3 @@ def bandwidth(layer_q: dict) -> dict:
     all_ms = _time_ms(lambda i: (gk.wq_gate_up(wg, wu, all_e, xr0, prep_x, True),
                                  gk.wq_gemv(wd, all_e, all_e, prep_all)), 5)
     res["layer_all_GBs"] = (wg.numel() + wu.numel() + wd.numel()) / all_ms / 1e6
-    return res
