@@ -65,13 +65,11 @@ def best_times(fn, reps: int) -> tuple[float, float]:
     return best_time(fn, reps), best_time(fn, reps, time.thread_time)
 
 
-def read_bandwidth(threads: int) -> float:
-    """STREAM-like read GB/s (wall clock): torch sums a 512 MiB array."""
-    import torch
+def read_bandwidth() -> float:
+    """STREAM-like DRAM read GB/s with the kernel threads (the probe `bench` uses)."""
+    from rapidmoe.engine import kernels
 
-    torch.set_num_threads(threads)
-    a = torch.ones(128 << 20, dtype=torch.float32)
-    return a.numel() * 4 / best_time(lambda: float(a.sum()), 5) / 1e9
+    return max(kernels.read_bandwidth_gbs(1 << 29) for _ in range(2))
 
 
 def validate(kernels, name: str) -> None:
@@ -98,7 +96,6 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
     torch.set_num_threads(n)
     isa = kernels.isa_info()["active"]
     rng = np.random.default_rng(0)
-    bw = {n: read_bandwidth(n)}
     for name in types:
         validate(kernels, name)
         qtype = int(G[name])
@@ -115,9 +112,10 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
             gemv_all()
             nbytes = sum(w.nbytes for w in copies)
             wall, cpu = best_times(gemv_all, reps)
+            bw = read_bandwidth()  # next to each GEMV timing: the load of a shared machine drifts
             row = {"type": name, "isa": isa, "threads": n, "gemv_gbs": nbytes / wall / 1e9,
-                   "gemv_gbs_cpu": nbytes / cpu / 1e9, "read_gbs": bw[n], "weight_mb": w0.nbytes / 1e6}
-            row["gemv_frac"] = row["gemv_gbs"] / bw[n]
+                   "gemv_gbs_cpu": nbytes / cpu / 1e9, "read_gbs": bw, "weight_mb": w0.nbytes / 1e6}
+            row["gemv_frac"] = row["gemv_gbs"] / bw
             if gemm and isa != "scalar":
                 x = rng.standard_normal((T_GEMM, K)).astype(np.float32)
                 flop = 2.0 * T_GEMM * ROWS * K

@@ -81,14 +81,19 @@ void fused(const uint8_t* w, size_t rb, size_t nb, const float* x, size_t ldx, f
     d[r].ldx = ldx;
     for (int t = 0; t < T; ++t) d[r].acc[t] = _mm256_setzero_ps();
   }
-  for (size_t i = 0; i < nb; ++i)
+  for (size_t i = 0; i < nb; ++i) {
+    // PREFETCH bytes ahead in the row, or past its end: the same place in the
+    // row the next group of R rows will read (never faults, even past the matrix).
+    size_t ahead = i * U::bytes + PREFETCH;
+    if (ahead >= rb) ahead += (R - 1) * rb;
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * rb + i * U::bytes;
       for (int p = 0; p < U::bytes; p += 64)  // every cache line of the block
-        _mm_prefetch(reinterpret_cast<const char*>(blk) + PREFETCH + p, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * rb + ahead) + p, _MM_HINT_T0);
       d[r].x = x + i * U::block;
       U::unpack(blk, d[r]);
     }
+  }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(d[r].acc[t]);
 }
