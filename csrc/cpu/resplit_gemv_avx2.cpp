@@ -86,8 +86,8 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t)
     for (int a = 0; a < A; ++a) tot[t][a] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b, q += 21) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
+    uint32_t hi, sc = q[19] | ((uint32_t)q[20] << 8);
+    std::memcpy(&hi, q + 16, 4);  // bits 23:0; byte 19 is shifted out by srlv/and below
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
     u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh), seven), 16));
     for (int s = 0; s < 4; ++s) {

@@ -7,6 +7,8 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include <cstring>
+
 namespace rmoe {
 namespace resplit {
 
@@ -91,8 +93,8 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t)
     for (int a = 0; a < A; ++a) tot[t][a] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; ++b, q += 21) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
+    uint32_t hi, sc = q[19] | ((uint32_t)q[20] << 8);
+    std::memcpy(&hi, q + 16, 4);  // bits 23:0; byte 19 is shifted out by srlv/and below
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
     __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), lo, 1);
     v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi), sh), seven), 16));
