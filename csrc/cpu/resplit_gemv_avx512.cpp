@@ -23,7 +23,7 @@ template <int NT, bool VNNI>
 void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const __m512i keep = _mm512_set1_epi64(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
   const __m512i c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
-  const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), ones16 = _mm512_set1_epi16(1);
+  const __m512i one = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1);
   const __m512i lo4 = _mm512_set1_epi32(0xF), hi8 = _mm512_set1_epi32(0x7F80);
   __m512 tot[NT];
   for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
@@ -42,8 +42,9 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     __m512i acc[NT][2];  // two chains per token: digits alternate between them
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
     for (int i = 0; i < 5; ++i) {
-      const __mmask64 k1 = _mm512_cmpgt_epu8_mask(u, c85), k2 = _mm512_cmpgt_epu8_mask(u, c170);
-      const __m512i d = _mm512_mask_blend_epi8(k2, _mm512_maskz_mov_epi8(k1, one), two);
+      // d = (u > 85) + (u > 170) with saturating subtracts (no mask registers)
+      const __m512i d = _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8(u, c85), one),
+                                        _mm512_min_epu8(_mm512_subs_epu8(u, c170), one));
       u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
       for (int t = 0; t < NT; ++t) {
         const __m512i xq = _mm512_loadu_si512(g + t * xs + 16 * i);
