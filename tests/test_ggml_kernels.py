@@ -31,7 +31,7 @@ K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a 
 K_FLOAT = 97     # float types take any k: exercises the masked tails
 K_FLOAT16 = 160  # ... and whole vectors of 16: the fused GEMV (T <= 4)
 ROWS = 37        # odd, not a multiple of the 16-row blocks
-T_VALUES = [1, 3, 7, 20]
+T_VALUES = [1, 3, 7, 20]  # fused GEMV up to 8 (AVX-512) / 4 (AVX2) rows, tiled beyond
 
 
 def random_tensor(rng: np.random.Generator, qtype: G, rows: int, k: int) -> np.ndarray:
@@ -82,7 +82,7 @@ np.savez(sys.argv[2], **out)
 """
 
 EXPERT_TYPES = [G.Q4_K, G.Q8_0, G.F16, G.Q6_K, G.Q4_1]
-E, E_ROWS, N_TOK = 5, 19, 13
+E, E_ROWS, N_TOK = 5, 19, 15
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,8 @@ def cases(tmp_path_factory):
             arrays["we_" + qtype.name] = np.stack([random_tensor(rng, qtype, E_ROWS, k) for _ in range(E)])
             arrays["xe_" + qtype.name] = rng.standard_normal((N_TOK, k)).astype(np.float32)
     arrays["all16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16)  # every 16-bit pattern
-    # expert 2 unused; expert 3 gets 7 rows (the tiled path), the others 2 (the fused GEMV)
-    arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3, 3, 3, 3, 4], dtype=np.int32)
+    # expert 2 unused; expert 3 gets 9 rows (the tiled path), the others 2 (the fused GEMV)
+    arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3, 3, 3, 3, 4, 3, 3], dtype=np.int32)
     assert len(arrays["ids"]) == N_TOK
     path = tmp_path_factory.mktemp("ggml") / "in.npz"
     np.savez(path, meta=np.array(json.dumps(meta)), **arrays)

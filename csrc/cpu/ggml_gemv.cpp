@@ -1,7 +1,7 @@
 // Matmul with weights kept in their GGUF type: y [T, rows] = x [T, k] @ W^T.
 //
 // Rows are processed in blocks of RB, spread over the thread pool. Two paths:
-// * T <= 4 (decode): the ISA file's fused GEMV unpacks each weight block into
+// * small T (decode; up to 8 with AVX-512, 4 with AVX2): the ISA file's fused GEMV unpacks each weight block into
 //   registers and multiplies it at once; W is streamed from memory once.
 // * larger T (prefill): each row block is dequantized KC columns at a time
 //   into a small f32 buffer (L1/L2 resident) and reused by every activation
@@ -44,7 +44,6 @@ constexpr size_t KC = 512;  // columns dequantized at a time (a multiple of ever
 
 using TileFn = void (*)(const float*, size_t, size_t, const float*, size_t, size_t, size_t, float*, size_t);
 using FusedFn = bool (*)(int, const uint8_t*, size_t, size_t, size_t, const float*, size_t, float*, size_t);
-constexpr size_t FUSED_MAX_T = 4;  // beyond this, dequantizing a tile once and reusing it wins
 
 FusedFn fused_fn() {
 #if RMOE_X86
@@ -71,7 +70,7 @@ size_t min_blocks(size_t k, size_t T) { return std::max<size_t>(1, ((size_t)1 <<
 // Rows [r0, r1) of W [.., rb] against x [T, k]; adds into y[t * ldy + r].
 void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_t r1, const float* x, size_t T,
                float* y, size_t ldy, TileFn tile, FusedFn fused) {
-  if (fused && T <= FUSED_MAX_T && fused(type, w + r0 * rb, rb, k, r1 - r0, x, T, y + r0, ldy)) return;
+  if (fused && fused(type, w + r0 * rb, rb, k, r1 - r0, x, T, y + r0, ldy)) return;  // small T
   thread_local std::vector<float> tile_buf;  // RB x KC dequantized weights, per pool thread
   if (tile_buf.size() < RB * KC) tile_buf.resize(RB * KC);
   float* buf = tile_buf.data();
@@ -87,7 +86,13 @@ void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_
       ldw = k;
     } else {
       const size_t b0 = kc / (size_t)ti.block, nb = kn / (size_t)ti.block;
-      for (size_t r = 0; r < nr; ++r) dequant_blocks(type, w + (r0 + r) * rb + b0 * ti.bytes, buf + r * KC, nb);
+      for (size_t r = 0; r < nr; ++r) {
+        // 16 short row streams defeat the hardware prefetcher: ask for this
+        // row's next chunk (or the next row block's first) while this one is unpacked.
+        const uint8_t* next = kc + KC < k ? w + (r0 + r) * rb + (b0 + nb) * ti.bytes : w + (r0 + RB + r) * rb;
+        for (size_t p = 0; p < nb * ti.bytes; p += 64) __builtin_prefetch(next + p);
+        dequant_blocks(type, w + (r0 + r) * rb + b0 * ti.bytes, buf + r * KC, nb);
+      }
       wt = buf;
       ldw = KC;
     }

@@ -1,5 +1,5 @@
 // AVX2+FMA kernels of the GGUF matmul:
-// * a fused GEMV for T <= 2 activation rows: weights are unpacked into
+// * a fused GEMV for T <= 4 activation rows (two at a time): weights are unpacked into
 //   registers (ggml_unpack_avx2.h) and multiplied at once, 4 rows at a time;
 // * an f32 tile kernel (dot products of R dequantized weight rows with T
 //   activation rows, 8 lanes at a time, remainders by masked loads).
@@ -109,7 +109,7 @@ void fused_rows(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x
 template <class U>
 bool fused_type(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t ldx, size_t nt, float* y,
                 size_t ldy) {
-  if (k % U::block) return false;
+  if (k % U::block || nt > 4) return false;  // beyond, the tiled path wins
   size_t t = 0;
   for (; t + 2 <= nt; t += 2) fused_rows<U, 2>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
   if (t < nt) fused_rows<U, 1>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);

@@ -1,6 +1,6 @@
 // AVX-512 kernels of the GGUF matmul:
-// * a fused GEMV for T <= 2 activation rows: weights are unpacked into
-//   registers (ggml_unpack_avx512.h) and multiplied at once, 4 rows at a time;
+// * a fused GEMV for T <= 8 activation rows: weights are unpacked into
+//   registers (ggml_unpack_avx512.h) and multiplied at once, several rows at a time;
 // * an f32 tile kernel (dot products of R dequantized weight rows with T
 //   activation rows, 16 lanes at a time, remainders by masked loads).
 #include "ggml_kernels.h"
@@ -102,17 +102,21 @@ void fused_rows_r(const uint8_t* w, size_t rb, size_t nb, size_t nr, const float
 }
 
 // T=1: 8 rows at once (8 FMA chains, and 8 row streams the prefetcher keeps
-// fed: measured best for every type, 2 to 16 KiB rows); T=2: 4 rows, 8 chains.
+// fed: measured best for every type, 2 to 16 KiB rows); T=2, T=4: 4 rows.
 template <class U, int T>
 void fused_rows(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t ldx, float* y, size_t ldy) {
   fused_rows_r<U, T, T == 1 ? 8 : 4>(w, rb, k / U::block, nr, x, ldx, y, ldy);
 }
 
+// Up to 8 activation rows, 4 at a time: below the tiled path's cost there.
+constexpr size_t MAX_T = 8;
+
 template <class U>
 bool fused_type(const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t ldx, size_t nt, float* y,
                 size_t ldy) {
-  if (k % U::block) return false;
+  if (k % U::block || nt > MAX_T) return false;
   size_t t = 0;
+  for (; t + 4 <= nt; t += 4) fused_rows<U, 4>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
   for (; t + 2 <= nt; t += 2) fused_rows<U, 2>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
   if (t < nt) fused_rows<U, 1>(w, rb, k, nr, x + t * ldx, ldx, y + t * ldy, ldy);
   return true;
