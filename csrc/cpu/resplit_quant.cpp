@@ -48,11 +48,26 @@ uint32_t scale12_encode(float d) {
 }
 float scale12_decode(uint32_t code) { return f16_to_f32((uint16_t)(code << 3)); }
 
+// Bitonic network, descending: branch-free (a comparison sort mispredicts on
+// random weights); any correct sort gives the oracle's np.sort values.
+void sort32_desc(float* a) {
+  for (int k = 2; k <= 32; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1)
+      for (int i = 0; i < 32; ++i) {
+        const int l = i ^ j;
+        if (l <= i) continue;
+        const float hi = std::max(a[i], a[l]), lo = std::min(a[i], a[l]);
+        const bool desc = (i & k) == 0;
+        a[i] = desc ? hi : lo;
+        a[l] = desc ? lo : hi;
+      }
+}
+
 // Least-squares ternary scale of 32 weights: max over k of (top-k sum)^2 / k.
 float wq_alone_scale(const float* x) {
   float a[32];
   for (int j = 0; j < 32; ++j) a[j] = std::fabs(x[j]);
-  std::sort(a, a + 32, std::greater<float>());
+  sort32_desc(a);
   float cs = 0.f, best = -1.f, best_d = 0.f;
   for (int j = 0; j < 32; ++j) {
     cs = cs + a[j];
