@@ -13,7 +13,7 @@
 //   s (12 bits) = float16 bits 14:3 of the block scale dq;  w = dq * t
 //   digit decode: u <- 3u; d = u >> 8; u &= 255  (5 times from u = byte)
 //
-// WR  2.63 bpw (+2 bytes per row), residual of gate/up. Row = f16 D, then
+// WR  2.625 bpw + 2 bytes per row (2.633 at n = 2048), residual of gate/up. Row = f16 D, then
 //     ceil(n/64) blocks of 21 bytes, 5 levels L[d] = {-2.25,-1,0,1,2.25}, d in 0..4:
 //
 //   bytes 0-15 : lo16[g]  g = 0..7         code v_g bits 15:0
@@ -23,7 +23,7 @@
 //   w = D * 2^(-k_s/4) * L[d]   for weights 16s..16s+15
 //   digit decode: u <- 5u; d = u >> 19; u &= 2^19-1  (8 times from u = v)
 //
-// D4  4.52 bpw (+4 bytes per row), CPU copy of down_proj. Row = f16 D, f16 M,
+// D4  4.5 bpw + 4 bytes per row (4.516 at n = 2048), CPU copy of down_proj. Row = f16 D, f16 M,
 //     then ceil(n/32) blocks of 18 bytes:
 //
 //   bytes 0-15: q_j | q_{j+16} << 4      byte 16: sc (u8)   byte 17: mn (u8)
@@ -39,7 +39,9 @@ enum class Fmt : int { WQ = 0, WR = 1, D4 = 2 };
 
 size_t row_bytes(Fmt fmt, size_t n);  // bytes of one quantized row of n weights
 
-// Quantizers, multithreaded over rows. w: [rows, n] float32.
+// Quantizers, multithreaded over rows. w: [rows, n] float32. quantize_wq gives the
+// least-squares ternary scale (WQ alone: down_proj); quantize_wq_wr searches WQ and
+// WR of gate/up jointly (resplit_search.h); n need not be a multiple of the block.
 void quantize_wq(const float* w, size_t rows, size_t n, uint8_t* out /*[rows, row_bytes(WQ,n)]*/);
 void quantize_wq_wr(const float* w, size_t rows, size_t n,
                     uint8_t* wq /*[rows, row_bytes(WQ,n)]*/, uint8_t* wr /*[rows, row_bytes(WR,n)]*/);

@@ -17,7 +17,7 @@ WQ  low-bit part of gate/up/down, 2.0 bpw.  Row = ceil(n/32) blocks of 8 bytes.
       scale s (12 bits) = float16 bits 14:3 (positive, 7-bit mantissa)
       decode digit i of a byte b: u = b*3^i mod 256 ... d_i = (3*u) >> 8
 
-WR  residual of gate/up after WQ, 2.63 bpw (+2 bytes per row).
+WR  residual of gate/up after WQ, 2.625 bpw + 2 bytes per row (2.633 at n=2048).
     Row = f16 D, then ceil(n/64) blocks of 21 bytes; 5 levels
     r = WR_LEVELS[d] = {-2.25, -1, 0, 1, 2.25}[d], d in 0..4.
 
@@ -27,7 +27,7 @@ WR  residual of gate/up after WQ, 2.63 bpw (+2 bytes per row).
       v_g = ceil(c*2^19/5^8), c = sum_i d_ig*5^(7-i): digit i = weight 8i+g
       w = D * 2^(-k_s/4) * WR_LEVELS[d]   for weights 16s..16s+15
 
-D4  CPU copy of down_proj, 4.5 bpw (+4 bytes per row).
+D4  CPU copy of down_proj, 4.5 bpw + 4 bytes per row (4.516 at n=2048).
     Row = f16 D, f16 M, then ceil(n/32) blocks of 18 bytes.
 
       bytes 0-15: byte j = q_j | q_{j+16} << 4    (q in 0..15)
