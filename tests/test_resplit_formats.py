@@ -99,6 +99,19 @@ def test_cpp_quantizers_match_oracle_bit_for_bit(name, w):
     np.testing.assert_allclose(kernels.resplit_dequantize("d4", d4, n), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
 
 
+def test_q4k_port_matches_llama_cpp():
+    # Reference bytes written by scripts/make_q4k_reference.py with llama.cpp's quantizer.
+    ref = np.load(os.path.join(os.path.dirname(__file__), "refs", "q4k_llamacpp.npz"))
+    n = int(ref["n"])
+    w = gguf_dequantize(ref["q4_1"].reshape(-1), GGMLQuantizationType.Q4_1).reshape(-1, n).astype(np.float32)
+    mine = q4k_ref.quantize_q4k(w)
+    same_rows = (mine == ref["q4_k"]).all(axis=1).mean()
+    assert same_rows >= 0.8  # the rest differ by float summation order in near-ties
+    d_mine = gguf_dequantize(mine.reshape(-1), GGMLQuantizationType.Q4_K).reshape(w.shape)
+    d_ref = gguf_dequantize(ref["q4_k"].reshape(-1), GGMLQuantizationType.Q4_K).reshape(w.shape)
+    assert abs(rel(w, d_mine) / rel(w, d_ref) - 1) < 0.01
+
+
 def test_bad_format_is_a_clear_error():
     with pytest.raises(ValueError, match="resplit format"):
         kernels.resplit_row_bytes("q4", 32)

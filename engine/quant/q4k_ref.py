@@ -3,8 +3,9 @@
 Follows llama.cpp's reference Q4_K quantizer (per 32 weights: an asymmetric
 4-bit fit with importance av+|x| and a 21-step scale search; per 256 weights:
 6-bit scales and mins under two float16 super-scales), written from its
-description. Output is the GGUF Q4_K block bytes (144 per 256 weights), so it
-is checked against gguf-py's Q4_K dequantizer.
+description. Output is the GGUF Q4_K block bytes (144 per 256 weights): it
+decodes with gguf-py's Q4_K dequantizer and reproduces llama.cpp's own bytes
+on real weights (tests/refs/q4k_llamacpp.npz, scripts/make_q4k_reference.py).
 """
 from __future__ import annotations
 
