@@ -78,6 +78,11 @@ def ggml_expert_matmul(w: np.ndarray, qtype: int, expert_ids: np.ndarray, x: np.
 
 
 # ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----
+def resplit_format_version() -> int:
+    """Version of the WQ/WR/D4 bytes and their meaning (a pack made with another is stale)."""
+    return int(_cpu.resplit_format_version())
+
+
 def resplit_row_bytes(fmt: str, n: int) -> int:
     """Bytes of one row of n weights in 'wq', 'wr' or 'd4'."""
     return int(_cpu.resplit_row_bytes(fmt, int(n)))

@@ -31,6 +31,10 @@ def test_bits_per_weight(n):
         assert o.bits_per_weight("d4", n) <= 4.6
 
 
+def test_format_version_is_shared():
+    assert kernels.resplit_format_version() == o.FORMAT_VERSION
+
+
 def test_fraction_codes_decode_exactly():
     # Every 5-trit, 2-trit and 8-quint code survives encode -> byte/field -> digit decode.
     c = np.arange(243)

@@ -74,6 +74,7 @@ std::pair<size_t, size_t> resplit_check(const U8Array& w, rmoe::resplit::Fmt f, 
 
 void def_resplit(py::module_& m) {
   m.def("resplit_row_bytes", [](const std::string& fmt, size_t n) { return rmoe::resplit::row_bytes(resplit_fmt(fmt), n); });
+  m.def("resplit_format_version", [] { return rmoe::resplit::kFormatVersion; });
   m.def("resplit_quantize", [](const std::string& fmt, const F32Array& w) {
     const auto f = resplit_fmt(fmt);
     if (f == rmoe::resplit::Fmt::WR) throw py::value_error("wr is made together with wq: use resplit_quantize_wq_wr");

@@ -37,6 +37,10 @@ namespace resplit {
 
 enum class Fmt : int { WQ = 0, WR = 1, D4 = 2 };
 
+// Bumped whenever bytes or their meaning change (packs key on it). 2: WR levels
+// {-2.25,-1,0,1,2.25} and the joint WQ+WR search.
+constexpr int kFormatVersion = 2;
+
 size_t row_bytes(Fmt fmt, size_t n);  // bytes of one quantized row of n weights
 
 // Quantizers, multithreaded over rows. w: [rows, n] float32. quantize_wq gives the

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+FORMAT_VERSION = 2  # = kFormatVersion in csrc/cpu/resplit.h; bumped when bytes or their meaning change
 WQ_BLOCK, WQ_BYTES = 32, 8
 WR_BLOCK, WR_BYTES, WR_HEADER = 64, 21, 2
 D4_BLOCK, D4_BYTES, D4_HEADER = 32, 18, 4
