@@ -164,24 +164,11 @@ class CudaDevice:
         return a.to(torch.int32).pin_memory().to(self.dev, non_blocking=True)
 
     def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
-        from . import kernels as gk
-        from .prefill import grouped_gate_up, use_grouped
-
-        if use_grouped(eid):
-            return grouped_gate_up(wg, wu, eid, x, xrow, swiglu)
-        prep = gk.wq_prep(x.contiguous())
-        return gk.wq_gate_up(wg, wu, self._ids(eid), self._ids(xrow), prep, swiglu)
+        return slots_gate_up(wg, wu, eid, x, xrow, swiglu, self._ids)
 
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
-        from . import kernels as gk
-        from .prefill import grouped_down, use_grouped
-
         scale_d = scale.to(torch.float32).pin_memory().to(self.dev, non_blocking=True)
-        if use_grouped(eid):
-            return grouped_down(wd, eid, h, scale_d)
-        prep = gk.wq_prep(h.contiguous())
-        rows = torch.arange(eid.numel(), dtype=torch.int32)
-        return gk.wq_gemv(wd, self._ids(eid), self._ids(rows), prep, scale_d)
+        return slots_down(wd, eid, h, scale_d, self._ids)
 
     def segment_begin(self, name: str) -> None:
         if self.measure:
@@ -215,3 +202,46 @@ class CudaDevice:
 
     def result(self, t) -> torch.Tensor:
         return t
+
+
+def slots_gate_up(wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool, to_dev):
+    """W_Q gate/up of the slots on the GPU kernels: GEMV for decode-sized batches,
+    dequantize + GEMM when experts see several tokens. eid, xrow: host int tensors."""
+    from . import kernels as gk
+    from .prefill import grouped_gate_up, use_grouped
+
+    if use_grouped(eid):
+        return grouped_gate_up(wg, wu, eid, x, xrow, swiglu)
+    return gk.wq_gate_up(wg, wu, to_dev(eid), to_dev(xrow), gk.wq_prep(x.contiguous()), swiglu)
+
+
+def slots_down(wd, eid: torch.Tensor, h, scale_dev: torch.Tensor, to_dev):
+    from . import kernels as gk
+    from .prefill import grouped_down, use_grouped
+
+    if use_grouped(eid):
+        return grouped_down(wd, eid, h, scale_dev)
+    rows = torch.arange(eid.numel(), dtype=torch.int32)
+    return gk.wq_gemv(wd, to_dev(eid), to_dev(rows), gk.wq_prep(h.contiguous()), scale_dev)
+
+
+class EmulatedGpuDevice(StandInDevice):
+    """The GPU code path (engine/gpu/kernels.py, prefill.py) on CPU tensors, its
+    kernels run by the CPU emulation library (kernels.use_emulator): lets tests
+    cover everything but the hardware."""
+
+    name = "emulated-gpu"
+
+    def put(self, a):
+        return torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+
+    def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
+        ids = lambda a: a.to(torch.int32).contiguous()  # noqa: E731
+        if swiglu:
+            return self._run(lambda xv: slots_gate_up(wg, wu, eid, xv, xrow, True, ids), x)
+        pair = self._run(lambda xv: slots_gate_up(wg, wu, eid, xv, xrow, False, ids), x)
+        return self._run(lambda p: p[0], pair), self._run(lambda p: p[1], pair)
+
+    def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
+        ids = lambda a: a.to(torch.int32).contiguous()  # noqa: E731
+        return self._run(lambda hv: slots_down(wd, eid, hv, scale.to(torch.float32), ids), h)

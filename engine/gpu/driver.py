@@ -56,6 +56,14 @@ class Driver:
         return fn
 
 
+def pack_args(name: str, sig: str, args) -> tuple[list, ctypes.Array]:
+    """Kernel arguments as cuLaunchKernel takes them: an array of pointers to each value."""
+    if len(args) != len(sig):
+        raise TypeError(f"{name}: {len(sig)} arguments expected, {len(args)} given")
+    vals = [_ARG[c](a) for c, a in zip(sig, args)]
+    return vals, (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+
+
 class Kernel:
     """One kernel with its argument signature ('p' pointer, 'i' int32, 'l' int64, 'f' float)."""
 
@@ -63,12 +71,25 @@ class Kernel:
         self.drv, self.fn, self.name, self.sig = drv, fn, name, sig
 
     def __call__(self, grid: tuple[int, ...], block: int, stream: int, *args) -> None:
-        if len(args) != len(self.sig):
-            raise TypeError(f"{self.name}: {len(self.sig)} arguments expected, {len(args)} given")
-        vals = [_ARG[c](a) for c, a in zip(self.sig, args)]
-        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])  # vals stay alive for the call
+        vals, ptrs = pack_args(self.name, self.sig, args)  # vals stay alive for the call
         g = tuple(grid) + (1,) * (3 - len(grid))
         if min(g) <= 0:
             return  # nothing to do
         rc = self.drv.lib.cuLaunchKernel(self.fn, g[0], g[1], g[2], block, 1, 1, 0, ctypes.c_void_p(stream), ptrs, None)
         self.drv.check(rc, f"launch {self.name}")
+
+
+class EmulatedKernel:
+    """The same kernel run by the CPU emulation library (csrc/cuda/dev/emu_lib.cpp):
+    tests drive engine/gpu/kernels.py end to end on a machine without a GPU."""
+
+    def __init__(self, lib: ctypes.CDLL, name: str, sig: str):
+        self.lib, self.name, self.sig = lib, name, sig
+
+    def __call__(self, grid: tuple[int, ...], block: int, stream: int, *args) -> None:
+        vals, ptrs = pack_args(self.name, self.sig, args)
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        if min(g) <= 0:
+            return
+        if self.lib.emu_call(self.name.encode(), g[0], g[1], block, ptrs) != 0:
+            raise RuntimeError(f"emulator has no kernel {self.name}")

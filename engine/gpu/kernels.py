@@ -56,7 +56,25 @@ def _kernels(device: torch.device) -> dict[str, Kernel]:
         return ks
 
 
+def use_emulator(lib_path: str | None) -> None:
+    """Run every kernel through the CPU emulation library instead of a GPU (tests;
+    tensors are then CPU tensors). None switches back."""
+    import ctypes
+
+    from .driver import EmulatedKernel
+
+    if lib_path is None:
+        _state.pop("emu", None)
+        return
+    lib = ctypes.CDLL(lib_path)
+    lib.emu_call.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+    _state["emu"] = {n: EmulatedKernel(lib, n, sig) for n, (_, sig) in _SIGS.items()}
+
+
 def _launch(name: str, device: torch.device, grid, *args) -> None:
+    if "emu" in _state:
+        _state["emu"][name](grid, 256, 0, *args)
+        return
     ks = _kernels(device)
     idx = device.index if device.index is not None else torch.cuda.current_device()
     ks[name].drv.ensure_context(idx)
@@ -68,7 +86,7 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 def _check(t: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    if not t.is_cuda or t.dtype != dtype or not t.is_contiguous():
+    if not (t.is_cuda or "emu" in _state) or t.dtype != dtype or not t.is_contiguous():
         raise ValueError(f"{what}: a contiguous CUDA {dtype} tensor expected")
 
 
