@@ -124,7 +124,7 @@ def test_bad_format_is_a_clear_error():
 
 
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
-def test_joint_quantizer_same_bytes_on_every_isa_path(isa):
+def test_quantizers_same_bytes_on_every_isa_path(isa):
     order = ["scalar", "avx2", "avx512"]
     best = kernels.isa_info()["active"]
     if order.index(isa) > order.index(best):
@@ -133,7 +133,9 @@ def test_joint_quantizer_same_bytes_on_every_isa_path(isa):
             "from rapidmoe.engine import kernels; from rapidmoe.engine.quant import resplit_oracle as o; "
             "assert kernels.isa_info()['active'] == %r; "
             "ok = all(np.array_equal(a, b) for _, w in t._cases() for a, b in "
-            "zip(kernels.resplit_quantize_wq_wr(w), o.quantize_wq_wr(w))); print('same' if ok else 'differ')"
+            "zip(kernels.resplit_quantize_wq_wr(w), o.quantize_wq_wr(w))); "
+            "ok = ok and all(np.array_equal(kernels.resplit_quantize('d4', w), o.quantize_d4(w)) for _, w in t._cases()); "
+            "print('same' if ok else 'differ')"
             % (os.path.dirname(__file__), isa))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA=isa),
                        capture_output=True, text=True, timeout=120)

@@ -261,8 +261,26 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   }
 }
 
-// Asymmetric 4-bit fit of 32 weights: w ~ s*q - m, m >= 0 (oracle _d4_search).
-void d4_search(const float* x, float* s_out, float* m_out) {
+float tree32(const float* v) {
+  float s16[16], s8[8], s4[4];
+  for (int i = 0; i < 16; ++i) s16[i] = v[i] + v[i + 16];
+  for (int i = 0; i < 8; ++i) s8[i] = s16[i] + s16[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+D4FitFn d4_fit_fn() {
+  static const Isa isa = active_isa();
+#if RMOE_X86
+  if (isa == Isa::Avx512) return d4_fit_avx512;
+  if (isa == Isa::Avx2) return d4_fit_avx2;
+#endif
+  return d4_fit_scalar;
+}
+
+}  // namespace
+
+void d4_fit_scalar(const float* x, float* s_out, float* m_out) {
   float mn = 0.f, mx = x[0];
   mn = std::min(mn, x[0]);
   for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
@@ -270,29 +288,32 @@ void d4_search(const float* x, float* s_out, float* m_out) {
   const bool ok = span > 0.f;
   const float span1 = ok ? span : 1.f;
   float best_err = INFINITY, best_s = 0.f, best_m = -mn;
-  float L[32];
+  const float sx = tree32(x);
+  float L[32], v[32];
   for (int step = 0; step <= kD4Steps; ++step) {
     const float iscale = (14.0f + 0.1f * (float)step) / span1;
-    float sl = 0.f, sl2 = 0.f, sx = 0.f, sxl = 0.f;
     for (int j = 0; j < 32; ++j) L[j] = clampf(rnd((x[j] - mn) * iscale), 0.f, 15.f);
-    for (int j = 0; j < 32; ++j) sl = sl + L[j];
-    for (int j = 0; j < 32; ++j) sl2 = sl2 + L[j] * L[j];
-    for (int j = 0; j < 32; ++j) sx = sx + x[j];
-    for (int j = 0; j < 32; ++j) sxl = sxl + x[j] * L[j];
+    const float sl = tree32(L);
+    for (int j = 0; j < 32; ++j) v[j] = L[j] * L[j];
+    const float sl2 = tree32(v);
+    for (int j = 0; j < 32; ++j) v[j] = x[j] * L[j];
+    const float sxl = tree32(v);
     const float det = 32.0f * sl2 - sl * sl;
     float s = (32.0f * sxl - sx * sl) / det;
     float m = (sl2 * sx - sl * sxl) / det;
     if (m > 0.f) { s = sxl / sl2; m = 0.f; }
-    float err = 0.f;
     for (int j = 0; j < 32; ++j) {
       const float diff = s * L[j] + m - x[j];
-      err = err + diff * diff;
+      v[j] = diff * diff;
     }
+    const float err = tree32(v);
     if (ok && det > 0.f && err < best_err) { best_err = err; best_s = s; best_m = -m; }
   }
   *s_out = ok ? best_s : 0.f;
   *m_out = std::max(best_m, 0.f);
 }
+
+namespace {
 
 void quantize_d4_row(const float* w, size_t n, uint8_t* out, std::vector<float>& buf) {
   const size_t nb = (n + 31) / 32;
@@ -302,8 +323,9 @@ void quantize_d4_row(const float* w, size_t n, uint8_t* out, std::vector<float>&
   float* m = s + nb;
   std::memcpy(xs, w, n * sizeof(float));
   float smax = 0.f, mmax = 0.f;
+  const D4FitFn fit = d4_fit_fn();
   for (size_t b = 0; b < nb; ++b) {
-    d4_search(xs + 32 * b, &s[b], &m[b]);
+    fit(xs + 32 * b, &s[b], &m[b]);
     smax = std::max(smax, s[b]);
     mmax = std::max(mmax, m[b]);
   }

@@ -8,6 +8,9 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 namespace rmoe {
 namespace resplit {
 
@@ -63,6 +66,59 @@ void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk,
   }
 }
 
+namespace {
+// tree32 of 32 lanes held as v[0..3] (8 each), two sums at once.
+inline void tree32x2(const __m256* a, const __m256* b, float* sa, float* sb) {
+  const __m256 a8 = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));  // (v[i]+v[i+16]) pairs i, i+8
+  const __m256 b8 = _mm256_add_ps(_mm256_add_ps(b[0], b[2]), _mm256_add_ps(b[1], b[3]));
+  const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a8, b8, 0x20), _mm256_permute2f128_ps(a8, b8, 0x31));
+  const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
+  const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
+  *sa = _mm256_cvtss_f32(s1);
+  *sb = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
+}
+}  // namespace
+
+void d4_fit_avx2(const float* x, float* s_out, float* m_out) {
+  __m256 xv[4], dv[4], L[4], t[4], u[4];
+  for (int p = 0; p < 4; ++p) xv[p] = _mm256_loadu_ps(x + 8 * p);
+  float mn = 0.f, mx = x[0];
+  mn = std::min(mn, x[0]);
+  for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
+  const float span = mx - mn;
+  const bool ok = span > 0.f;
+  const float span1 = ok ? span : 1.f;
+  float best_err = INFINITY, best_s = 0.f, best_m = -mn, sx, unused;
+  tree32x2(xv, xv, &sx, &unused);
+  const __m256 mnv = _mm256_set1_ps(mn), zero = _mm256_setzero_ps(), fifteen = _mm256_set1_ps(15.f);
+  for (int p = 0; p < 4; ++p) dv[p] = _mm256_sub_ps(xv[p], mnv);
+  const __m256 zeros[4] = {zero, zero, zero, zero};
+  for (int step = 0; step <= 20; ++step) {
+    const __m256 is = _mm256_set1_ps((14.0f + 0.1f * (float)step) / span1);
+    for (int p = 0; p < 4; ++p) {
+      L[p] = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(dv[p], is), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), fifteen);
+      t[p] = _mm256_mul_ps(L[p], L[p]);
+      u[p] = _mm256_mul_ps(xv[p], L[p]);
+    }
+    float sl, sl2, sxl, err;
+    tree32x2(L, t, &sl, &sl2);
+    tree32x2(u, zeros, &sxl, &unused);
+    const float det = 32.0f * sl2 - sl * sl;
+    float s = (32.0f * sxl - sx * sl) / det;
+    float m = (sl2 * sx - sl * sxl) / det;
+    if (m > 0.f) { s = sxl / sl2; m = 0.f; }
+    const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
+    for (int p = 0; p < 4; ++p) {
+      const __m256 e = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sv, L[p]), mv), xv[p]);
+      t[p] = _mm256_mul_ps(e, e);
+    }
+    tree32x2(t, zeros, &err, &unused);
+    if (ok && det > 0.f && err < best_err) { best_err = err; best_s = s; best_m = -m; }
+  }
+  *s_out = ok ? best_s : 0.f;
+  *m_out = std::max(best_m, 0.f);
+}
+
 }  // namespace resplit
 }  // namespace rmoe
 
@@ -72,6 +128,7 @@ namespace resplit {
 void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
   half_scores_scalar(xs, dq, D, ks, nk, s);
 }
+void d4_fit_avx2(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -8,6 +8,9 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 namespace rmoe {
 namespace resplit {
 
@@ -62,6 +65,53 @@ void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int n
   }
 }
 
+namespace {
+// tree32 of the 32 lanes held as lo (0-15) and hi (16-31), two sums at once.
+inline void tree32x2(__m512 alo, __m512 ahi, __m512 blo, __m512 bhi, float* sa, float* sb) {
+  const __m512 a16 = _mm512_add_ps(alo, ahi), b16 = _mm512_add_ps(blo, bhi);
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(a16), _mm512_extractf32x8_ps(a16, 1));
+  const __m256 b = _mm256_add_ps(_mm512_castps512_ps256(b16), _mm512_extractf32x8_ps(b16, 1));
+  const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
+  const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
+  *sa = _mm256_cvtss_f32(s1);
+  *sb = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
+}
+}  // namespace
+
+void d4_fit_avx512(const float* x, float* s_out, float* m_out) {
+  const __m512 xlo = _mm512_loadu_ps(x), xhi = _mm512_loadu_ps(x + 16);
+  const float mx = _mm512_reduce_max_ps(_mm512_max_ps(xlo, xhi));
+  const float mn = std::min(0.f, _mm512_reduce_min_ps(_mm512_min_ps(xlo, xhi)));
+  const float span = mx - mn;
+  const bool ok = span > 0.f;
+  const float span1 = ok ? span : 1.f;
+  float best_err = INFINITY, best_s = 0.f, best_m = -mn, sx, unused;
+  tree32x2(xlo, xhi, xlo, xhi, &sx, &unused);
+  const __m512 mnv = _mm512_set1_ps(mn), zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.f);
+  const __m512 dlo = _mm512_sub_ps(xlo, mnv), dhi = _mm512_sub_ps(xhi, mnv);
+  for (int step = 0; step <= 20; ++step) {
+    const __m512 is = _mm512_set1_ps((14.0f + 0.1f * (float)step) / span1);
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 llo = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(dlo, is), rn), zero), fifteen);
+    const __m512 lhi = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(dhi, is), rn), zero), fifteen);
+    float sl, sl2, sxl, err;
+    tree32x2(llo, lhi, _mm512_mul_ps(llo, llo), _mm512_mul_ps(lhi, lhi), &sl, &sl2);
+    tree32x2(_mm512_mul_ps(xlo, llo), _mm512_mul_ps(xhi, lhi), zero, zero, &sxl, &unused);
+    const float det = 32.0f * sl2 - sl * sl;
+    float s = (32.0f * sxl - sx * sl) / det;
+    float m = (sl2 * sx - sl * sxl) / det;
+    if (m > 0.f) { s = sxl / sl2; m = 0.f; }
+    const __m512 sv = _mm512_set1_ps(s), mv = _mm512_set1_ps(m);
+    const __m512 elo = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(sv, llo), mv), xlo);
+    const __m512 ehi = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(sv, lhi), mv), xhi);
+    tree32x2(_mm512_mul_ps(elo, elo), _mm512_mul_ps(ehi, ehi), zero, zero, &err, &unused);
+    if (ok && det > 0.f && err < best_err) { best_err = err; best_s = s; best_m = -m; }
+  }
+  *s_out = ok ? best_s : 0.f;
+  *m_out = std::max(best_m, 0.f);
+}
+
 }  // namespace resplit
 }  // namespace rmoe
 
@@ -71,6 +121,7 @@ namespace resplit {
 void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
   half_scores_scalar(xs, dq, D, ks, nk, s);
 }
+void d4_fit_avx512(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 }  // namespace resplit
 }  // namespace rmoe
 #endif

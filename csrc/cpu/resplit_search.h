@@ -20,5 +20,13 @@ void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int n
 void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
 void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
 
+// D4's asymmetric fit of 32 weights x: w ~ s*q - m (q in 0..15, m >= 0), scale
+// search over 21 steps with least-squares refits (oracle _d4_search). Sums run
+// over the 32 lanes as tree32: v[i]+v[i+16], then tree16.
+using D4FitFn = void (*)(const float* x /*[32]*/, float* s, float* m);
+void d4_fit_scalar(const float* x, float* s, float* m);
+void d4_fit_avx2(const float* x, float* s, float* m);
+void d4_fit_avx512(const float* x, float* s, float* m);
+
 }  // namespace resplit
 }  // namespace rmoe

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .resplit_oracle import WR_LEVELS, WR_TABLE, _scale12_decode, _scale12_encode, _wq_alone_scale
+from .resplit_oracle import WR_LEVELS, WR_TABLE, _scale12_decode, _scale12_encode, _wq_alone_scale, tree16
 
 _F32 = np.float32
 FRACS = np.array([0.3 + 0.1 * i for i in range(7)], np.float32)   # coarse, of max|w| per 32
@@ -26,14 +26,6 @@ REFINE = (-0.05, 0.05)
 MU = np.float32(0.02)
 K_COARSE = (1, 5, 9, 13)
 K_FINE = (-2, -1, 1, 2)
-
-
-def tree16(v: np.ndarray) -> np.ndarray:
-    """Sum over the last axis (16) as ((v[i]+v[i+8]) + ...) halving pairwise."""
-    s = v[..., :8] + v[..., 8:]
-    s = s[..., :4] + s[..., 4:]
-    s = s[..., :2] + s[..., 2:]
-    return s[..., 0] + s[..., 1]
 
 
 def wr_level(z: np.ndarray) -> np.ndarray:

@@ -92,6 +92,19 @@ def _seqsum(a: np.ndarray) -> np.ndarray:
     return acc
 
 
+def tree16(v: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (16) as v[i]+v[i+8], then 4, 2, 1 lanes: the SIMD order."""
+    s = v[..., :8] + v[..., 8:]
+    s = s[..., :4] + s[..., 4:]
+    s = s[..., :2] + s[..., 2:]
+    return s[..., 0] + s[..., 1]
+
+
+def tree32(v: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (32): v[i]+v[i+16], then tree16."""
+    return tree16(v[..., :16] + v[..., 16:])
+
+
 def row_bytes(fmt: str, n: int) -> int:
     """Bytes of one quantized row of n weights."""
     if fmt == "wq":
@@ -262,13 +275,13 @@ def _d4_search(x: np.ndarray):
     best_err = np.full(B, np.inf, np.float32)
     best_s = np.zeros(B, np.float32)
     best_m = -mn
+    sx = tree32(x)
     for step in range(D4_STEPS + 1):
         iscale = (_F32(14.0) + _F32(0.1) * _F32(step)) / span1
         L = np.clip(np.rint((x - mn[:, None]) * iscale[:, None]), 0, 15).astype(np.float32)
-        sl = _seqsum(L)
-        sl2 = _seqsum(L * L)
-        sx = _seqsum(x)
-        sxl = _seqsum(x * L)
+        sl = tree32(L)
+        sl2 = tree32(L * L)
+        sxl = tree32(x * L)
         det = _F32(32.0) * sl2 - sl * sl
         with np.errstate(divide="ignore", invalid="ignore"):
             s = (_F32(32.0) * sxl - sx * sl) / det
@@ -277,7 +290,7 @@ def _d4_search(x: np.ndarray):
             s = np.where(pos, sxl / sl2, s)
             m = np.where(pos, _F32(0), m)
         diff = s[:, None] * L + m[:, None] - x
-        err = _seqsum(diff * diff)
+        err = tree32(diff * diff)
         upd = ok & (det > 0) & (err < best_err)
         best_err = np.where(upd, err, best_err)
         best_s = np.where(upd, s, best_s)
