@@ -63,10 +63,11 @@ def machine_fingerprint() -> dict:
 def calibration_path(model_path: str | os.PathLike) -> Path:
     """cache_dir()/calibration/<stem>.<key>.json, key = (source file identity,
     pack format, machine fingerprint): the file `auto` and the planner read."""
-    from .pack import PACK_VERSION, source_identity
+    from .pack import PACK_VERSION
 
     p = Path(model_path)
-    ident = source_identity(p)
+    st = p.stat()  # the file's identity without parsing it (split files: their first part)
+    ident = [p.name, st.st_size, st.st_mtime_ns]
     key = hashlib.sha256(json.dumps([str(p.resolve()), ident, PACK_VERSION, CALIB_VERSION,
                                      machine_fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
     stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
@@ -205,13 +206,14 @@ def _fit_threshold(lat, base: UmiaProfile, w_by_layer, k, prefill: bool, budget_
     return hi
 
 
-def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int, budget: float):
+def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int, budget: float,
+                       slopes=ALPHA_SLOPES):
     """(name, UmiaProfile) pairs that meet the budget by prediction."""
     moe_layers = sorted(w_by_layer)
     dec_budget, pre_budget = budget * lat.fixed_time(1, False), budget * lat.fixed_time(1, True)
     out = []
     for r_min in (0, 1):
-        for slope in ALPHA_SLOPES:
+        for slope in slopes:
             # α falls geometrically over the MoE layers' depth; dense layers take the nearest value
             a_moe = smooth_alpha(len(moe_layers), math.exp(slope / 2), math.exp(-slope / 2))
             alpha = [a_moe[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]
@@ -225,13 +227,14 @@ def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int
 
 
 def fixed_fit(lat: LatencyModel, k: int, budget: float) -> int:
-    """The largest fixed r whose decode time meets the budget."""
-    dec_budget = budget * lat.fixed_time(1, False)
-    return max([r for r in range(k + 1) if lat.fixed_time(r, False) <= dec_budget] or [0])
+    """The largest fixed r whose decode and prefill times both meet the budget."""
+    fits = [r for r in range(k + 1)
+            if all(lat.fixed_time(r, p) <= budget * lat.fixed_time(1, p) for p in (False, True))]
+    return max(fits or [0])
 
 
-def calibrate(model_path, n_tokens: int = 512, seg_len: int = 128, budget: float = DEFAULT_BUDGET,
-              progress=None, log=None) -> dict:
+def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float = DEFAULT_BUDGET,
+              progress=None, log=None, slopes=ALPHA_SLOPES) -> dict:
     """Fit, cache and return the calibration record of this model on this machine."""
     from .model import load_model
 
@@ -253,7 +256,7 @@ def calibrate(model_path, n_tokens: int = 512, seg_len: int = 128, budget: float
     lat = measure(model, {il: np.ascontiguousarray(v) for il, v in ids_rec.items()},
                   {il: np.ascontiguousarray(w, np.float32) for il, w in w_rec.items()}, progress=progress)
 
-    cands = candidate_profiles(lat, w_rec, cfg.n_layer, k, budget)
+    cands = candidate_profiles(lat, w_rec, cfg.n_layer, k, budget, slopes)
     r_fit = fixed_fit(lat, k, budget)
     rows = []
     best = None
@@ -269,7 +272,8 @@ def calibrate(model_path, n_tokens: int = 512, seg_len: int = 128, budget: float
         row["profile"] = prof.to_json()
         rows.append(row)
         # a pass may pick a little more than predicted: 3% grace, then the lowest KL
-        if row["decode_s"] <= 1.03 * budget * lat.fixed_time(1, False) and (best is None or row["kl_mean"] < best["kl_mean"]):
+        fits = all(row[f"{ph}_s"] <= 1.03 * budget * lat.fixed_time(1, ph == "prefill") for ph in ("decode", "prefill"))
+        if fits and (best is None or row["kl_mean"] < best["kl_mean"]):
             best = row
     if best is None:
         best = min(rows, key=lambda r: r["decode_s"])

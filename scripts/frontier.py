@@ -1,16 +1,21 @@
 """The accuracy-latency frontier of one model on this machine: fixed r = 0..k
 against UMIA (`--critical auto`, the model's calibrated profile), each with
 KL / top-1 flip rate against full precision (the source weights) on held-out
-text and decode tokens/s from `rapidmoe-chat bench` (fresh process per setting).
+text and decode tokens/s.
 
-    python scripts/frontier.py -m bench --threads 2 --budgets 1.1,1.25
-    python scripts/frontier.py -m demo --threads 2
+    python scripts/frontier.py -m bench --threads 2 --budgets 1.15,1.25
+    python scripts/frontier.py -m demo --threads 2 --budgets default,1.25
 
 KL is computed as `eval --kl-base` does (engine/evaluate.py: all_logits, then
-divergence against the full-precision logits of the same tokens). The held-out
-tokens are taken from assets/calibration.txt after the part calibrate reads.
---budgets runs `calibrate --budget B` for each B first and measures UMIA after
-each; the last one stays cached.
+divergence against the full-precision logits of the same tokens), on tokens of
+assets/calibration.txt after the part calibrate reads. UMIA is scored with its
+decode-phase profile (each token as a generated token sees it; the
+prefill-phase figure, what `eval --critical auto` reports, is printed too).
+Decode speed: whole decode steps of every setting interleaved round by round in
+one process, so that load from other processes on a shared machine falls on all
+settings alike; a low percentile of the step times is kept.
+--budgets runs `calibrate --budget B` for each B ("default": the uncalibrated
+profile); the last one stays cached.
 """
 from __future__ import annotations
 
@@ -19,15 +24,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from rapidmoe.engine import kernels
-from rapidmoe.engine.calibrate import calibration_text, read_calibration
-from rapidmoe.engine.evaluate import all_logits, divergence
-from rapidmoe.engine.model import load_model, resolve_model_path
-from rapidmoe.engine.moe.resplit import FixedCritical
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from rapidmoe.engine import kernels  # noqa: E402
+from rapidmoe.engine.calibrate import calibration_path, calibration_text, load_profile, read_calibration  # noqa: E402
+from rapidmoe.engine.evaluate import all_logits, divergence  # noqa: E402
+from rapidmoe.engine.model import load_model, resolve_model_path  # noqa: E402
+from rapidmoe.engine.moe.resplit import FixedCritical  # noqa: E402
+from rapidmoe.engine.moe.umia import UmiaPolicy, default_profile  # noqa: E402
 
 CLI = [sys.executable, "-m", "rapidmoe.app.cli"]
 
@@ -39,47 +48,32 @@ def held_out_tokens(model, offset: int, n: int) -> list[int]:
     return toks[offset:offset + n]
 
 
-def kl_rows(path, settings, toks, base) -> dict:
-    """setting -> (KL mean, flip rate); fixed r shares one loaded pack."""
-    out = {}
-    m = load_model(path, n_ctx=len(toks), critical="k")
-    for s in settings:
-        if s == "auto":
-            continue
-        for e in m.net._split_experts():
-            e.policy = FixedCritical(s)
-        d = divergence(base, all_logits(m, toks))
-        out[s] = (d.kl_mean, 1.0 - d.top1)
-        print(f"  r={s}: KL {d.kl_mean:.5f}", file=sys.stderr, flush=True)
-    return out
+def set_policy(model, policy) -> None:
+    for e in model.net._split_experts():
+        e.policy = policy
 
 
-def kl_auto(path, toks, base) -> tuple[float, float, float, float]:
-    """(KL, flip) as eval scores it (every token a prefill token), then with the
-    decode phase's profile, as generated tokens see it: the pair that goes with
-    decode speed."""
-    m = load_model(path, n_ctx=len(toks), critical="auto")
-    d = divergence(base, all_logits(m, toks))
-    m.net._split_experts()[0].policy.phase = "decode"  # one policy object serves every layer
-    dd = divergence(base, all_logits(m, toks))
-    print(f"  auto: KL {d.kl_mean:.5f} (prefill phase), {dd.kl_mean:.5f} (decode phase)", file=sys.stderr, flush=True)
-    return dd.kl_mean, 1.0 - dd.top1, d.kl_mean, 1.0 - d.top1
+def kl(model, policy, toks, base) -> tuple[float, float]:
+    set_policy(model, policy)
+    d = divergence(base, all_logits(model, toks))
+    return d.kl_mean, 1.0 - d.top1
 
 
-def speeds(path, settings, threads, n_gen, repeat) -> dict:
-    """setting -> (best tg tok/s over the repeats, mean r of the decode)."""
-    out: dict = {}
-    crit = ",".join(str(s) for s in settings)
-    for _ in range(repeat):
-        r = subprocess.run([*CLI, "bench", "--json", "-m", str(path), "--critical", crit, "--threads", str(threads),
-                            "-p", "16", "-n", str(n_gen)], stdout=subprocess.PIPE, text=True, check=True)
-        for row in json.loads(r.stdout):
-            if not row["test"].startswith("tg"):
-                continue
-            key = "auto" if row.get("policy") == "umia" else row["critical"]
-            prev = out.get(key, (0.0, None))
-            out[key] = (max(prev[0], row["tokens_per_s"]), row.get("mean_r"))
-    return out
+def decode_speeds(model, policies: dict, toks, rounds: int, pct: float) -> dict:
+    """name -> (tokens/s, mean r): decode steps of all settings interleaved."""
+    rng = np.random.default_rng(0)
+    caches = {n: model.net.new_cache(rounds + 1) for n in policies}
+    times = {n: [] for n in policies}
+    rs = {n: [] for n in policies}
+    for pos in range(rounds + 1):
+        for n in rng.permutation(list(policies)):
+            set_policy(model, policies[n])
+            t0 = time.perf_counter()
+            model.net.forward(torch.tensor([toks[pos]]), pos, caches[n])
+            if pos:  # position 0 warms up
+                times[n].append(time.perf_counter() - t0)
+                rs[n].append(model.net.mean_critical())
+    return {n: (1.0 / float(np.percentile(times[n], pct)), float(np.mean(rs[n]))) for n in policies}
 
 
 def main() -> int:
@@ -88,9 +82,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=256, help="held-out tokens for KL")
     ap.add_argument("--offset", type=int, default=1024, help="where the held-out tokens start")
-    ap.add_argument("--n-gen", type=int, default=32, help="decode tokens per bench run")
-    ap.add_argument("--repeat", type=int, default=2, help="bench runs per setting (best kept: a shared machine)")
-    ap.add_argument("--budgets", default="", help="calibrate with these budgets first (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=48, help="decode steps per setting for the speed")
+    ap.add_argument("--pct", type=float, default=20, help="percentile of step times kept (a shared machine)")
+    ap.add_argument("--budgets", default="", help="'default' and/or calibrate budgets, comma-separated")
     ap.add_argument("--json", type=str, default=None, help="also write the table as JSON here")
     args = ap.parse_args()
     kernels.set_num_threads(args.threads)
@@ -102,34 +96,50 @@ def main() -> int:
     else:
         path = resolve_model_path(args.model)
     full = load_model(path, n_ctx=args.tokens)
-    k = full.cfg.n_expert_used
     toks = held_out_tokens(full, args.offset, args.tokens)
-    print(f"full-precision logits over {len(toks)} held-out tokens ...", file=sys.stderr, flush=True)
+    log(f"full-precision logits over {len(toks)} held-out tokens ...")
     base = all_logits(full, toks)
     del full
-    fixed = list(range(k + 1))
-    kl = kl_rows(path, fixed, toks, base)
-    sp = speeds(path, fixed, args.threads, args.n_gen, args.repeat)
-    umia = []
-    for b in [float(x) for x in args.budgets.split(",") if x] or [None]:
-        if b is not None:
-            print(f"calibrate --budget {b} ...", file=sys.stderr, flush=True)
-            subprocess.run([*CLI, "calibrate", "-m", str(path), "--budget", str(b), "--threads", str(args.threads)],
+    # profiles first: calibrate runs in its own process and must not share the CPU with timing
+    umia = {}
+    for b in [x.strip() for x in args.budgets.split(",") if x.strip()] or ["cached"]:
+        m0 = load_model(path, n_ctx=32)
+        if b == "default":
+            umia["auto (default profile)"] = default_profile(m0.cfg)
+            continue
+        if b != "cached":
+            log(f"calibrate --budget {b} ...")
+            subprocess.run([*CLI, "calibrate", "-m", str(path), "--budget", b, "--threads", str(args.threads)],
                            check=True, stdout=sys.stderr)
+        prof = load_profile(path, m0.cfg)
         rec = read_calibration(path)
-        s = speeds(path, ["auto"], args.threads, args.n_gen, args.repeat)["auto"]
-        umia.append({"budget": rec["budget"] if rec else None, "source": "calibrated" if rec else "default",
-                     "kl": kl_auto(path, toks, base), "tok_s": s[0], "mean_r": s[1]})
-    rows = [{"setting": f"r={r}", "mean_r": float(r), "kl": kl[r][0], "flip": kl[r][1], "tok_s": sp[r][0]}
-            for r in fixed]
-    rows += [{"setting": f"auto ({u['source']}" + (f", budget {u['budget']:g})" if u["budget"] else ")"),
-              "mean_r": u["mean_r"], "kl": u["kl"][0], "flip": u["kl"][1], "tok_s": u["tok_s"],
-              "kl_prefill_phase": u["kl"][2], "flip_prefill_phase": u["kl"][3]} for u in umia]
-    table(rows, k, path.name, args.threads)
+        umia[f"auto (budget {rec['budget']:g})" if rec else "auto (default profile)"] = prof
+    model = load_model(path, n_ctx=max(args.tokens, args.rounds + 1), critical="k")
+    k = model.cfg.n_expert_used
+    rows = {}
+    for r in range(k + 1):
+        rows[f"r={r}"] = dict(zip(("kl", "flip"), kl(model, FixedCritical(r), toks, base)))
+        log(f"  r={r}: KL {rows[f'r={r}']['kl']:.5f}")
+    for name, prof in umia.items():
+        d = kl(model, UmiaPolicy(prof, k, phase="decode"), toks, base)
+        p = kl(model, UmiaPolicy(prof, k), toks, base)
+        rows[name] = {"kl": d[0], "flip": d[1], "kl_prefill_phase": p[0], "flip_prefill_phase": p[1],
+                      "profile": prof.to_json()}
+        log(f"  {name}: KL {d[0]:.5f} (decode phase), {p[0]:.5f} (prefill phase)")
+    log(f"decode speed: {args.rounds} steps per setting, interleaved ...")
+    pols = {**{f"r={r}": FixedCritical(r) for r in range(k + 1)}, **{n: UmiaPolicy(p, k) for n, p in umia.items()}}
+    for n, (tps, mr) in decode_speeds(model, pols, toks, args.rounds, args.pct).items():
+        rows[n].update(tok_s=tps, mean_r=mr)
+    out = [{"setting": n, **v} for n, v in rows.items()]
+    table(out, k, path.name, args.threads, calibration_path(path))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def dominated_by(row, fixed_rows) -> str:
@@ -140,24 +150,23 @@ def dominated_by(row, fixed_rows) -> str:
     return "-"
 
 
-def table(rows, k, name, threads) -> None:
+def table(rows, k, name, threads, cal_path) -> None:
     ref = rows[k]
-    print(f"{name}, CPU, {threads} threads; KL / flip vs full precision (auto: its decode-phase profile); "
-          f"decode speed vs r=k")
-    print(f"{'setting':<30} {'mean r':>6} {'KL':>9} {'KL/KL(k)':>8} {'flip':>7} {'tok/s':>7} {'vs r=k':>7} {'dominated by':>12}")
+    print(f"{name}, CPU, {threads} threads; KL / flip vs full precision on held-out text (auto: decode-phase "
+          f"profile); decode speed vs r=k")
+    print(f"{'setting':<24} {'mean r':>6} {'KL':>9} {'KL/KL(k)':>8} {'flip':>7} {'tok/s':>7} {'vs r=k':>7} "
+          f"{'dominated by':>12}")
     for r in rows:
         dom = dominated_by(r, rows[:k + 1]) if r["setting"].startswith("auto") else ""
-        mr = f"{r['mean_r']:6.2f}" if r["mean_r"] is not None else f"{'-':>6}"
-        print(f"{r['setting']:<30} {mr} {r['kl']:9.5f} {r['kl'] / ref['kl']:8.2f} {r['flip'] * 100:6.2f}% "
+        print(f"{r['setting']:<24} {r['mean_r']:6.2f} {r['kl']:9.5f} {r['kl'] / ref['kl']:8.2f} {r['flip'] * 100:6.2f}% "
               f"{r['tok_s']:7.2f} {r['tok_s'] / ref['tok_s']:6.2f}x {dom:>12}")
     for r in rows[k + 1:]:
-        print(f"{r['setting']}: as eval scores it (prefill-phase profile): KL {r['kl_prefill_phase']:.5f}, "
-              f"flip {r['flip_prefill_phase'] * 100:.2f}%")
         ok = r["kl"] <= 1.2 * ref["kl"] and r["tok_s"] >= 1.15 * ref["tok_s"]
-        print(f"{r['setting']}: not dominated: {dominated_by(r, rows[:k + 1]) == '-'}; "
+        print(f"{r['setting']}: eval-style (prefill-phase profile) KL {r['kl_prefill_phase']:.5f}, flip "
+              f"{r['flip_prefill_phase'] * 100:.2f}%; not dominated: {dominated_by(r, rows[:k + 1]) == '-'}; "
               f"KL <= 1.2 x KL(k) at >= 1.15 x the r=k speed: {ok}")
+    print(f"calibration: {cal_path}")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     raise SystemExit(main())

@@ -93,11 +93,13 @@ def test_default_profile_on_realistic_and_uniform_routers(tmp_path):
     shallow = critical_sizes(prof, w, 0, False, 8).mean()
     prefill = critical_sizes(prof, w, 3, True, 8).mean()
     assert 1.0 <= deep < shallow < 4.0 and deep < prefill < 4.0
-    # a uniform router over 16 used experts (the demo): the whole layer or r_min
+    # a uniform router (the demo: 16 of 16 experts at 1/16) carries no ranking: all stay critical
+    demo_like = write_synthetic(tmp_path / "u.gguf", "qwen3moe", seed=3, n_layer=3, n_expert=16, n_expert_used=16)
+    p16 = default_profile(_cfg(demo_like))
     uni = np.full((5, 16), 1 / 16, np.float32)
-    p16 = UmiaProfile(prof.alpha, prof.beta_prefill, prof.beta_decode, 1.5 / 16, 1, 16)
-    assert critical_sizes(p16, uni, 3, False, 16).tolist() == [1] * 5
-    assert critical_sizes(p16, uni, 0, True, 16).tolist() == [16] * 5
+    for layer in range(3):
+        for prefill in (False, True):
+            assert critical_sizes(p16, uni, layer, prefill, 16).tolist() == [16] * 5
 
 
 def test_cli_accepts_auto_and_p_defaults_to_it():
@@ -114,26 +116,54 @@ def test_cli_accepts_auto_and_p_defaults_to_it():
 def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
     """A profile that makes every expert critical gives r = k's logits exactly;
     one that makes none critical gives r = 0's; the default lies in between."""
-    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=4, dtype="f16", n_layer=3)
+    from rapidmoe.engine.calibrate import load_profile
+    from rapidmoe.engine.moe.resplit import FixedCritical
+
+    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=4, dtype="f16", n_layer=2)
     toks = torch.arange(20, 36)
+    m = load_model(src, n_ctx=32, critical="auto")
+    assert m.critical == "auto"
+    experts = m.net._split_experts()
+    pol = experts[0].policy
+    assert pol.profile.source == "default" and all(e.policy is pol for e in experts)
 
-    def logits(critical):
-        m = load_model(src, n_ctx=32, critical=critical)
-        return m, m.net.forward(toks, 0, m.net.new_cache(32)).numpy()
+    def logits(policy):
+        for e in experts:
+            e.policy = policy
+        return m.net.forward(toks, 0, m.net.new_cache(32)).numpy()
 
-    m_auto, l_default = logits("auto")
-    assert m_auto.critical == "auto"
-    r_default = m_auto.net.critical_sizes()
-    assert r_default is not None and all(1 <= r <= 4 for r in r_default)
-    _, l_k = logits(4)
-    _, l_0 = logits(0)
+    l_default = logits(pol)
+    assert all(1 <= r <= 4 for r in m.net.critical_sizes())
+    l_k, l_0 = logits(FixedCritical(4)), logits(FixedCritical(0))
     assert not np.array_equal(l_k, l_0)
     path = calibration_path(src)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for theta, r_min, want in ((0.0, 0, l_k), (1e9, 0, l_0)):
-        prof = UmiaProfile((1.0,) * 3, 1.0, 1.0, theta, r_min, 4)
-        path.write_text(json.dumps({"version": 1, "profile": prof.to_json()}))
-        m, got = logits("auto")
-        np.testing.assert_array_equal(got, want)
+    for theta, want in ((0.0, l_k), (1e9, l_0)):
+        path.write_text(json.dumps({"version": 1, "profile": UmiaProfile((1.0,) * 2, 1.0, 1.0, theta, 0, 4).to_json()}))
+        prof = load_profile(src, m.cfg)
+        assert prof.source == "calibrated" and prof.theta == theta
+        np.testing.assert_array_equal(logits(UmiaPolicy(prof, 4)), want)
+    m2 = load_model(src, n_ctx=32, critical="auto")  # the engine reads the cached profile itself
+    np.testing.assert_array_equal(m2.net.forward(toks, 0, m2.net.new_cache(32)).numpy(), l_0)
     path.write_text("{not json")  # damaged: the default profile again
-    np.testing.assert_array_equal(logits("auto")[1], l_default)
+    assert load_profile(src, m.cfg).source == "default"
+    np.testing.assert_array_equal(logits(UmiaPolicy(load_profile(src, m.cfg), 4)), l_default)
+
+
+def test_bench_rows_carry_the_policy_and_mean_r(tmp_path, capsys):
+    from rapidmoe.app.cli import main
+    from rapidmoe.app.cmd_bench import _table
+
+    src = write_synthetic(tmp_path / "b.gguf", "qwen3moe", seed=8, dtype="f16", n_layer=2)
+    rows = []
+    for setting in ("auto", "2"):
+        assert main(["bench", "--one", "-m", str(src), "--critical", setting, "-p", "8", "-n", "4",
+                     "--threads", "1"]) == 0
+        rows += json.loads(capsys.readouterr().out)
+    auto, fixed = [r for r in rows if r["policy"] == "umia"], [r for r in rows if r["policy"] == "fixed"]
+    assert len(auto) == len(fixed) == 2 and all(r["critical"] == "auto" for r in auto)
+    assert all(r["mean_r"] == 2.0 for r in fixed)
+    assert all(0.0 <= r["mean_r"] <= 4.0 for r in auto)
+    _table(rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(" auto " in ln for ln in lines) == 2 and sum(" r=2 " in ln for ln in lines) == 2

@@ -23,12 +23,14 @@ import torch
 from ..config import ModelConfig
 from ..errors import UserError
 
-# Default modulation (no calibration): an expert is critical when its weight
-# exceeds DEFAULT_SHARE × the uniform share (top-k weight mass / k). Shallow
-# layers and prefill get a lower bar. With top-8 softmax weights (w_1 ≈ 0.2-0.5)
-# this keeps 1-3 experts per token, the range where CPU and GPU time meet.
-DEFAULT_SHARE = 1.5
-DEFAULT_ALPHA_RANGE = (1.25, 0.8)  # first layer -> last layer
+# Default modulation (no calibration), leaning to accuracy: an expert is critical
+# when its weight exceeds DEFAULT_SHARE × the uniform share (top-k weight mass / k),
+# shallow layers and prefill with a lower bar. With top-8 softmax weights
+# (w_1 ≈ 0.2-0.5) that is 2-4 experts per token; a uniform router says nothing
+# about importance, so all its experts stay critical. `calibrate` trades this
+# for speed against measured KL.
+DEFAULT_SHARE = 0.9
+DEFAULT_ALPHA_RANGE = (1.3, 1.0)  # first layer -> last layer
 DEFAULT_BETA = {"prefill": 1.25, "decode": 1.0}
 
 
