@@ -20,17 +20,21 @@ def split_layer_reference(parts: dict[str, np.ndarray], x: np.ndarray, ids: np.n
     crit = np.arange(ids.shape[1])[None, :] < np.asarray(r)[:, None]
     for e in np.unique(ids):
         tt, jj = np.nonzero(ids == e)
-        def deq(name: str, n: int) -> np.ndarray:
-            part, fmt = name.split(".")
+
+        def deq(part: str, fmt: str, n: int) -> np.ndarray:
             return kernels.resplit_dequantize(fmt, parts[part][e], n).astype(np.float64)
 
-        wq_g, wq_u, wq_d = deq("gate_q.wq", H), deq("up_q.wq", H), deq("down_q.wq", F)
         c = crit[tt, jj]
-        if c.any():
-            wr_g, wr_u, d4 = deq("gate_r.wr", H), deq("up_r.wr", H), deq("down4.d4", F)
-        for t, j, is_c in zip(tt, jj, c):
-            g = (wq_g + wr_g) @ x[t] if is_c else wq_g @ x[t]
-            u = (wq_u + wr_u) @ x[t] if is_c else wq_u @ x[t]
-            h = g / (1.0 + np.exp(-g)) * u
-            out[t] += w[t, j] * ((d4 if is_c else wq_d) @ h)
+        wq_g, wq_u = deq("gate_q", "wq", H), deq("up_q", "wq", H)
+        for is_c in (False, True):  # the expert's tokens as one matrix product per group
+            sel = c == is_c
+            if not sel.any():
+                continue
+            t, j = tt[sel], jj[sel]
+            wg = wq_g + deq("gate_r", "wr", H) if is_c else wq_g
+            wu = wq_u + deq("up_r", "wr", H) if is_c else wq_u
+            wd = deq("down4", "d4", F) if is_c else deq("down_q", "wq", F)
+            g, u = x[t] @ wg.T, x[t] @ wu.T  # [n, F]
+            y = (g / (1.0 + np.exp(-g)) * u) @ wd.T  # [n, H]
+            np.add.at(out, t, w[t, j][:, None] * y)
     return out
