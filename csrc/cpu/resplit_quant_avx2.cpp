@@ -93,7 +93,7 @@ void d4_fit_avx2(const float* x, float* s_out, float* m_out) {
   const __m256 mnv = _mm256_set1_ps(mn), zero = _mm256_setzero_ps(), fifteen = _mm256_set1_ps(15.f);
   for (int p = 0; p < 4; ++p) dv[p] = _mm256_sub_ps(xv[p], mnv);
   const __m256 zeros[4] = {zero, zero, zero, zero};
-  for (int step = 0; step <= 20; ++step) {
+  for (int step = 0; step <= kD4Steps; ++step) {
     const __m256 is = _mm256_set1_ps((14.0f + 0.1f * (float)step) / span1);
     for (int p = 0; p < 4; ++p) {
       L[p] = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(dv[p], is), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), fifteen);

@@ -90,7 +90,7 @@ void d4_fit_avx512(const float* x, float* s_out, float* m_out) {
   tree32x2(xlo, xhi, xlo, xhi, &sx, &unused);
   const __m512 mnv = _mm512_set1_ps(mn), zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.f);
   const __m512 dlo = _mm512_sub_ps(xlo, mnv), dhi = _mm512_sub_ps(xhi, mnv);
-  for (int step = 0; step <= 20; ++step) {
+  for (int step = 0; step <= kD4Steps; ++step) {
     const __m512 is = _mm512_set1_ps((14.0f + 0.1f * (float)step) / span1);
     const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m512 llo = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(dlo, is), rn), zero), fifteen);

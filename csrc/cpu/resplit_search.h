@@ -1,4 +1,7 @@
-// The hot loop of the joint WQ+WR quantizer (oracle: engine/quant/resplit_joint.py).
+// Quantizer internals shared by resplit_quant*.cpp: rounding helpers, the hot
+// loop of the joint WQ+WR search (oracle: engine/quant/resplit_joint.py) and D4's fit.
+//
+// The joint search:
 // For 16 weights xs, WQ scale dq and WR sub-scales dr_k = D*2^(-k/4), k in ks:
 //   per weight, over t in {t0, t1} (t0 wins ties): t0 = clip(rint(x*iq), -1, 1),
 //   iq = 1/dq (0 if dq = 0), t1 = clip(t0 + (x - dq*t0 < 0 ? -1 : 1), -1, 1):
@@ -8,9 +11,21 @@
 // Every variant performs these IEEE operations in this order (no FMA), so all
 // ISA paths choose the same bytes.
 #pragma once
+#include "convert.h"
+#include "resplit.h"
 
 namespace rmoe {
 namespace resplit {
+
+// Round-half-even as np.rint, without a libm call: exact for |x| < 2^22; larger
+// values stay large with their sign, and every caller clamps to a few levels.
+// (Without -ffast-math the compiler may not fold (x + c) - c.)
+inline float rnd(float x) {
+  constexpr float c = 12582912.0f;  // 1.5 * 2^23
+  return (x + c) - c;
+}
+inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, -65504.f, 65504.f))); }
 
 constexpr float kMu = 0x1.47ae14p-6f;  // 0.02: weight of WQ-alone error
 
@@ -23,6 +38,7 @@ void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int n
 // D4's asymmetric fit of 32 weights x: w ~ s*q - m (q in 0..15, m >= 0), scale
 // search over 21 steps with least-squares refits (oracle _d4_search). Sums run
 // over the 32 lanes as tree32: v[i]+v[i+16], then tree16.
+constexpr int kD4Steps = 20;  // scale steps 0..20 (oracle D4_STEPS)
 using D4FitFn = void (*)(const float* x /*[32]*/, float* s, float* m);
 void d4_fit_scalar(const float* x, float* s, float* m);
 void d4_fit_avx2(const float* x, float* s, float* m);
