@@ -1,0 +1,168 @@
+"""`rapidmoe-chat plan -m PATH`: where the model's bytes would live on this
+machine (or on one described by --hardware), from GGUF metadata alone: nothing
+is converted or loaded. A plan that does not fit exits with status 2 and names
+the nearest plan that does."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..engine.errors import UserError
+
+
+def _gib(v: str) -> float:
+    import argparse
+
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GiB, got {v!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return x
+
+
+def _gpu_list(v: str) -> list[int]:
+    import argparse
+
+    try:
+        out = [int(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {v!r}") from None
+    if any(i < 0 for i in out):
+        raise argparse.ArgumentTypeError("GPU indices are >= 0")
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-m", "--model", default="demo", help="GGUF path, Hugging Face REPO[:QUANT], or 'demo' (the default)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+    p.add_argument("--vram-budget", type=_gib, default=None, metavar="GiB",
+                   help="VRAM to use on each GPU (default: its free VRAM)")
+    p.add_argument("--dram-budget", type=_gib, default=None, metavar="GiB",
+                   help="DRAM to use (default: available DRAM less a reserve for the OS)")
+    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1", help="GPUs to use (default: all visible)")
+    p.add_argument("--mode", choices=("gpu-residual", "gpu-partial", "cpu"), default=None,
+                   help="force a mode (default: the fastest that fits)")
+    p.add_argument("--cache-fraction", type=float, default=None, metavar="F",
+                   help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
+    p.add_argument("--hardware", default=None, metavar="FILE.json",
+                   help="plan for the machine this JSON describes (doctor --json's \"hardware\" object)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load_hardware(path: str):
+    from ..engine.hardware import HardwareRecord
+
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        return HardwareRecord.from_dict(d.get("hardware", d))
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise UserError(f"{path}: not a hardware description ({e})") from None
+
+
+def resolve(spec: str):
+    """Model spec -> local GGUF path, without importing the model code (torch):
+    plan stays quick."""
+    from pathlib import Path
+
+    from ..engine.errors import ModelFileError
+    from ..engine.hub_resolve import looks_local
+
+    if spec in (None, "demo"):
+        from ..engine.demo import demo_model_path
+
+        return demo_model_path()
+    if looks_local(str(spec)):
+        p = Path(spec).expanduser()
+        if not p.exists():
+            raise ModelFileError(p, "no such file")
+        return p
+    from ..engine.model import resolve_model_path
+
+    return resolve_model_path(spec)
+
+
+def _frequencies(path, sizes):
+    """Expert activation counts from this model's calibration, when there is one."""
+    from ..engine.paths import cache_dir
+    from ..engine.plan_sizes import load_expert_frequencies
+
+    d = cache_dir() / "calibration"
+    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
+    if not d.is_dir() or not any(d.glob(f"{stem}.*.json")):
+        return None  # nothing to read: spare the import of the calibration code (torch)
+    from ..engine.calibrate import calibration_path
+
+    return load_expert_frequencies(calibration_path(path), sizes)
+
+
+def make_plan(args):
+    """-> (Plan, ModelSizes) for the parsed arguments."""
+    from ..engine.gguf.reader import GGUFFile
+    from ..engine.hardware import GiB, detect
+    from ..engine.plan import plan
+    from ..engine.plan_sizes import sizes_from_gguf
+
+    if args.ctx is not None and args.ctx <= 0:
+        raise UserError("--ctx must be > 0")
+    path = resolve(args.model)
+    with GGUFFile(path) as g:
+        sizes = sizes_from_gguf(g)
+    hw = load_hardware(args.hardware) if args.hardware else detect()
+    freqs = _frequencies(path, sizes)
+    p = plan(sizes, hw, args.ctx,
+             vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
+             dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
+             gpus=args.gpus, mode=args.mode, cache_fraction=args.cache_fraction, freqs=freqs)
+    return p, sizes
+
+
+def _bytes(n: int) -> str:
+    from ..engine.plan import gb
+
+    return gb(n)
+
+
+def print_plan(p, sizes, out=None) -> None:
+    w = (out or sys.stdout).write
+    w(f"model    {p.model} ({sizes.arch}, {sizes.n_layer} layers, {sizes.n_expert} experts, "
+      f"top-{sizes.n_expert_used}; source {_bytes(sizes.source_bytes)})\n")
+    w(f"context  {p.ctx} tokens\n")
+    w(f"mode     {p.mode}: {p.reason}\n\n")
+    width = max([len(c.name) for c in p.components] + [9])
+    w(f"{'component':<{width}}  {'bytes':>10}  device\n")
+    for c in p.components:
+        dev = "DRAM" if c.device == "cpu" else c.device
+        w(f"{c.name:<{width}}  {_bytes(c.bytes):>10}  {dev}\n")
+    w("\n")
+    for dev, cap in p.vram_budget.items():
+        w(f"{dev:<8} {_bytes(p.bytes_on(dev))} of {_bytes(cap)} budget\n")
+    r = p.reserves
+    w(f"{'DRAM':<8} {_bytes(p.dram_bytes)} of {_bytes(p.dram_budget)} budget"
+      + (f" (after {_bytes(r['dram_os_reserve_bytes'])} left to the OS)" if r.get("dram_os_reserve_bytes") else "")
+      + "\n")
+    if p.vram_budget:
+        w(f"W_Q cache {p.wq_cache_fraction:.1%} of experts in VRAM ({p.cache_order}); "
+          f"{_bytes(r['cuda_context_bytes_per_gpu'])} CUDA context per GPU left free\n")
+        for dev, a, b in p.gpu_layers:
+            w(f"  {dev}: layers {a}-{b}\n")
+    for n in p.notes:
+        w(f"note: {n}\n")
+
+
+def run(args) -> int:
+    p, sizes = make_plan(args)
+    if args.json:
+        print(json.dumps(p.to_json()))
+    else:
+        print_plan(p, sizes)
+    if not p.fits:
+        print(f"rapidmoe-chat: error: the plan does not fit: {p.reason}", file=sys.stderr)
+        if p.suggestion:
+            print(f"rapidmoe-chat: nearest plan that fits: {p.suggestion}", file=sys.stderr)
+        return 2
+    return 0

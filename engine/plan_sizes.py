@@ -1,0 +1,190 @@
+"""What a model needs, in bytes, from its GGUF metadata and tensor index alone
+(never its weights): non-expert tensors by layer and source type, each routed
+expert's residual-split parts as the pack stores them, KV cache per token, and
+the engine's working memory. The planner (plan.py) places these.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ModelConfig, config_from_metadata
+from .errors import ModelFileError
+from .gguf.reader import GGUFFile
+
+GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
+PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
+# Measured on the demo model: tokenizer tables and parsed metadata cost about
+# this much per vocabulary entry; the runtime (thread pools, allocator arenas,
+# RoPE tables) a fixed amount on top.
+TOKENIZER_BYTES_PER_TOKEN = 900
+RUNTIME_BASE_BYTES = 24 << 20
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    name: str
+    arch: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: int
+    n_vocab: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    head_dim: int
+    expert_layers: tuple[int, ...]
+    # one expert's parts in one MoE layer (all MoE layers are alike)
+    wq_bytes: int  # gate + up + down at WQ
+    wr_bytes: int  # gate + up residuals
+    d4_bytes: int  # down's CPU copy
+    layer_bytes: tuple[int, ...]  # per layer: every non-routed-expert tensor (attention, norms, router, shared/dense FFN)
+    embd_bytes: int  # token_embd (rows are looked up: it stays in DRAM)
+    head_bytes: int  # output (+ output_norm); 0 when tied to the embedding besides the norm
+    tied_head: bool
+    f32_bytes: int  # F32 tensors the engine copies out of the mapping (norms, routers)
+    nonexpert_types: tuple[tuple[str, int], ...]  # (source type, bytes), largest first
+    kv_bytes_per_token_f32: int  # the CPU engine's cache
+    kv_bytes_per_token_f16: int  # a GPU cache
+    source_bytes: int  # the GGUF itself
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.expert_layers)
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.wq_bytes + self.wr_bytes + self.d4_bytes
+
+    @property
+    def nonexpert_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.embd_bytes + self.head_bytes
+
+    def kv_layer_bytes(self, n_ctx: int, dtype_bytes: int) -> int:
+        per = self.kv_bytes_per_token_f32 if dtype_bytes == 4 else self.kv_bytes_per_token_f16
+        return n_ctx * per // max(1, self.n_layer)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int) -> int:
+    try:  # the architecture-aware count (deepseek2 keeps only the latent)
+        from .models.mla import kv_bytes_per_token as per_arch
+
+        return int(per_arch(cfg, dtype_bytes))
+    except ImportError:
+        return cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * dtype_bytes
+
+
+def expert_part_bytes(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(WQ gate+up+down, WR gate+up, D4 down) bytes of one expert, as the pack lays them out."""
+    from . import kernels
+
+    H, F = cfg.n_embd, cfg.n_ff_exp
+    wq = 2 * F * kernels.resplit_row_bytes("wq", H) + H * kernels.resplit_row_bytes("wq", F)
+    wr = 2 * F * kernels.resplit_row_bytes("wr", H)
+    d4 = H * kernels.resplit_row_bytes("d4", F)
+    return wq, wr, d4
+
+
+def _layer_of(name: str) -> int | None:
+    if not name.startswith("blk."):
+        return None
+    try:
+        return int(name.split(".")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
+    """Sizes from an open GGUF (a source model or a pack): only the header is read."""
+    cfg = config_from_metadata(g.metadata, str(g.path))
+    if not cfg.n_expert:
+        raise ModelFileError(g.path, "no routed experts: nothing to split or place (plan is for MoE models)")
+    per_layer = [0] * cfg.n_layer
+    types: dict[str, int] = defaultdict(int)
+    moe_layers = set()
+    f32 = 0
+    for t in g.tensors.values():
+        il = _layer_of(t.name)
+        if il is not None and il >= cfg.n_layer:
+            continue  # MTP blocks after the trunk: never loaded
+        if "_exps." in t.name:
+            moe_layers.add(il)
+            continue
+        if il is None and t.name not in GLOBAL_TENSORS:
+            continue  # e.g. rope_freqs: not used by the engine
+        if il is not None:
+            per_layer[il] += t.nbytes
+        types[t.type_name] += t.nbytes
+        if t.type_name == "F32":
+            f32 += t.nbytes
+    if "token_embd.weight" not in g.tensors:
+        raise ModelFileError(g.path, "missing tensor token_embd.weight")
+    embd = g.tensors["token_embd.weight"].nbytes
+    tied = "output.weight" not in g.tensors
+    head = sum(g.tensors[n].nbytes for n in ("output.weight", "output_norm.weight") if n in g.tensors)
+    wq, wr, d4 = expert_part_bytes(cfg)
+    return ModelSizes(
+        name=name or Path(g.path).name, arch=cfg.arch, n_layer=cfg.n_layer, n_ctx_train=cfg.n_ctx_train,
+        n_embd=cfg.n_embd, n_head=cfg.n_head, n_vocab=cfg.n_vocab, n_expert=cfg.n_expert,
+        n_expert_used=cfg.n_expert_used, n_ff_exp=cfg.n_ff_exp, head_dim=max(cfg.head_dim, cfg.head_dim_v),
+        expert_layers=tuple(sorted(moe_layers)), wq_bytes=wq, wr_bytes=wr, d4_bytes=d4,
+        layer_bytes=tuple(per_layer), embd_bytes=embd, head_bytes=head, tied_head=tied, f32_bytes=f32,
+        nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
+        kv_bytes_per_token_f32=kv_bytes_per_token(cfg, 4), kv_bytes_per_token_f16=kv_bytes_per_token(cfg, 2),
+        source_bytes=g.size_bytes)
+
+
+def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:
+    """Peak transient memory of one forward of `chunk` prompt tokens over a full
+    context on the CPU engine (f32), plus tokenizer and runtime:
+    attention scores, softmax and mask [n_head, T, S] (~3 copies), K/V repeated
+    per head, the routed experts' per-slot activations [T*k, H] (~3 copies) and
+    the hidden states."""
+    T, S = min(chunk, n_ctx), n_ctx
+    attn = 3 * s.n_head * T * S * 4 + 2 * s.n_head * S * s.head_dim * 4
+    moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
+    hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
+    rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64
+    return attn + moe + hidden + rope + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_BASE_BYTES
+
+
+def host_workspace_bytes(s: ModelSizes, chunk: int = PREFILL_CHUNK) -> int:
+    """DRAM the host side needs beside the weights when attention runs on a GPU:
+    tokenizer, runtime, the CPU experts' per-slot activations."""
+    T = chunk
+    moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
+    return moe + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_BASE_BYTES
+
+
+def gpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = 512) -> int:
+    """Activation buffers of a GPU forward (f16 attention in blocks, f32 hidden
+    states): at least 256 MiB, as llama.cpp's compute buffers run."""
+    T = min(chunk, n_ctx)
+    est = 4 * T * (8 * s.n_embd + 2 * s.n_expert_used * s.n_ff_exp) + T * s.n_vocab * 4 // max(1, T)
+    est += 2 * s.n_head * T * min(n_ctx, 4096) * 2
+    return max(256 << 20, est)
+
+
+# ---- expert activation frequencies (calibrate writes them; optional) ----
+
+def load_expert_frequencies(file: Path, s: ModelSizes) -> dict[int, list[float]] | None:
+    """A calibration record's "expert_frequency" (one list of E counts per layer,
+    or {"<layer>": [...]}) -> {MoE layer: counts}. None when absent; a malformed
+    file is ignored: it only orders the cache."""
+    try:
+        raw = json.loads(Path(file).read_text(encoding="utf-8"))["expert_frequency"]
+        items = raw.items() if isinstance(raw, dict) else enumerate(raw)
+        out = {}
+        for k, v in items:
+            il = int(k)
+            if il in s.expert_layers and isinstance(v, list) and len(v) == s.n_expert:
+                vals = [float(x) for x in v]
+                if all(math.isfinite(x) and x >= 0 for x in vals) and any(vals):
+                    out[il] = vals
+        return out or None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

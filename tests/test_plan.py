@@ -1,0 +1,265 @@
+"""The planner on hand-written hardware records (machines we do not have) and
+real GGUF headers: model sizes agree with a real converted pack; placements
+fit their budgets; refusals name a plan that fits; --json's schema; plan never
+converts (the cache stays as it was)."""
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from rapidmoe.app.cli import main
+from rapidmoe.engine import synth_arch, synth_deepseek2
+from rapidmoe.engine.errors import UserError
+from rapidmoe.engine.gguf.reader import GGUFFile
+from rapidmoe.engine.gguf.writer import TensorSlot, build_header, encode_kv
+from rapidmoe.engine.hardware import GiB, GPUInfo, HardwareRecord
+from rapidmoe.engine.plan import CUDA_CONTEXT_BYTES, dram_reserve_bytes, plan
+from rapidmoe.engine.plan_sizes import load_expert_frequencies, sizes_from_gguf
+
+GB = 10**9
+
+
+def machine(gpus_gb=(), dram_gb=64, free_frac=1.0) -> HardwareRecord:
+    gpus = tuple(GPUInfo(i, f"GPU {i}", int(g * GB), int(g * GB * free_frac), (9, 0)) for i, g in enumerate(gpus_gb))
+    return HardwareRecord(gpus=gpus, dram_total_bytes=int(dram_gb * GB), dram_available_bytes=int(dram_gb * GB),
+                          physical_cores=16, usable_cores=16)
+
+
+MACHINES = {
+    "24GB+128GB": machine([24], 128),
+    "2x80GB+512GB": machine([80, 80], 512),
+    "noGPU+64GB": machine([], 64),
+    "tiny-4GB+8GB": machine([4], 8),
+}
+
+
+def write_shape_only(path: Path, arch: str, kvs, tensors) -> Path:
+    """A GGUF whose header is real and whose data is a hole (sparse file): a
+    671B-parameter layout costs no disk, and anything reading weights would see zeros."""
+    slots = []
+    for spec, q in tensors:
+        block, size = GGML_QUANT_SIZES[q]
+        slots.append(TensorSlot(spec.name, int(q), spec.ne, spec.n_elements // block * size))
+    raw = [encode_kv("general.architecture", arch)] + [encode_kv(k, v) for k, v, _ in kvs]
+    head, _, size = build_header(raw, slots)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return path
+
+
+def _types(tensors, expert=Q.Q4_K, dense=Q.Q8_0):
+    return [(t, Q.F32 if t.role in ("norm", "bias", "router", "gate_vec") else expert if t.role == "expert" else dense)
+            for t in tensors]
+
+
+@pytest.fixture(scope="module")
+def v3_file(tmp_path_factory) -> Path:
+    """DeepSeek-V3/R1-671B's layout: 61 layers (3 dense), 256 experts of 2048, top-8, MLA, 129K vocab."""
+    s = synth_deepseek2.resolve_shape(
+        "ds2_v3", n_embd=7168, n_layer=61, n_head=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope=128, qk_rope=64,
+        v_head=128, n_ff=18432, n_ff_exp=2048, n_expert=256, n_expert_used=8, n_expert_shared=1,
+        n_layer_dense_lead=3, n_group=8, n_group_used=4, n_vocab=129280, n_ctx=163840)
+    return write_shape_only(tmp_path_factory.mktemp("v3") / "DeepSeek-V3-shape.gguf", "deepseek2",
+                            synth_deepseek2.hparam_kvs(s), _types(synth_deepseek2.tensor_plan(s)))
+
+
+@pytest.fixture(scope="module")
+def a3b_file(tmp_path_factory) -> Path:
+    """Qwen3-30B-A3B's layout: 48 layers, 128 experts of 768, top-8, 151K vocab."""
+    s = synth_arch.resolve_shape("qwen3moe", n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, head_dim=128,
+                                 n_ff_exp=768, n_expert=128, n_expert_used=8, n_vocab=151936, n_ctx=40960)
+    kvs = synth_arch.hparam_kvs(s) + [("qwen3moe.vocab_size", 151936, "u32")]
+    return write_shape_only(tmp_path_factory.mktemp("a3b") / "Qwen3-30B-A3B-shape.gguf", "qwen3moe", kvs,
+                            _types(synth_arch.tensor_plan(s)))
+
+
+def sizes_of(path):
+    with GGUFFile(path) as g:
+        return sizes_from_gguf(g)
+
+
+def check_consistent(p, hw: HardwareRecord):
+    """Totals are the sum of components; every GPU carries its context; a plan
+    that says it fits is within every budget."""
+    j = p.to_json()
+    assert j["totals"]["dram_bytes"] == sum(c["bytes"] for c in j["components"] if c["device"] == "cpu")
+    assert j["totals"]["vram_bytes"] == sum(c["bytes"] for c in j["components"] if c["device"] != "cpu")
+    for dev in p.vram_budget:
+        assert any(c.name == "CUDA context" and c.device == dev and c.bytes == CUDA_CONTEXT_BYTES for c in p.components)
+    if p.fits:
+        assert p.dram_bytes <= p.dram_budget <= hw.dram_total_bytes - dram_reserve_bytes(hw.dram_total_bytes)
+        for dev, cap in p.vram_budget.items():
+            g = next(g for g in hw.gpus if f"cuda:{g.index}" == dev)
+            assert p.bytes_on(dev) <= cap <= g.total_bytes
+        assert p.suggestion is None
+    else:
+        assert p.suggestion
+
+
+def test_sizes_match_a_real_pack(tmp_path):
+    """The planner's per-expert bytes are the pack converter's: convert a tiny model and compare."""
+    from rapidmoe.engine.pack import convert
+    from rapidmoe.engine.synth import write_synthetic
+
+    src = write_synthetic(tmp_path / "tiny.gguf", "qwen3moe", seed=3) or tmp_path / "tiny.gguf"
+    s = sizes_of(src)
+    with GGUFFile(convert(src)) as pk:
+        t = pk.tensors
+        E = s.n_expert
+        for il in s.expert_layers:
+            part = lambda k, f: t[f"blk.{il}.ffn_{k}_exps.{f}"].nbytes // E  # noqa: E731
+            assert part("gate", "wq") + part("up", "wq") + part("down", "wq") == s.wq_bytes
+            assert part("gate", "wr") + part("up", "wr") == s.wr_bytes
+            assert part("down", "d4") == s.d4_bytes
+        non_expert = sum(x.nbytes for x in t.values() if "_exps." not in x.name)
+        assert non_expert == s.nonexpert_bytes
+        # the CPU plan's mmapped bytes are exactly what the engine maps from the pack
+        p = plan(s, MACHINES["noGPU+64GB"], 256)
+        mapped = sum(c.bytes for c in p.components if "mmapped" in c.name)
+        assert mapped == sum(x.nbytes for x in t.values())
+
+
+@pytest.mark.parametrize("name", list(MACHINES))
+@pytest.mark.parametrize("model", ["v3", "a3b"])
+def test_placements_fit_their_budgets(name, model, v3_file, a3b_file):
+    hw = MACHINES[name]
+    s = sizes_of(v3_file if model == "v3" else a3b_file)
+    p = plan(s, hw, 8192)
+    check_consistent(p, hw)
+    if p.mode != "cpu":
+        # every layer on exactly one GPU, in contiguous runs, in order
+        covered = [i for _, a, b in p.gpu_layers for i in range(a, b + 1)]
+        assert covered == list(range(s.n_layer))
+        assert len(p.cached) == round(p.wq_cache_fraction * s.n_moe_layers * s.n_expert)
+
+
+def test_expected_modes(v3_file, a3b_file):
+    v3, a3b = sizes_of(v3_file), sizes_of(a3b_file)
+    # Qwen3-30B-A3B: all W_Q (7.2 GB) fits a 24 GB GPU
+    p = plan(a3b, MACHINES["24GB+128GB"], 8192)
+    assert (p.mode, p.fits, p.wq_cache_fraction) == ("gpu-residual", True, 1.0)
+    # no GPU: the CPU fallback, with its reason
+    p = plan(a3b, MACHINES["noGPU+64GB"], 8192)
+    assert (p.mode, p.fits) == ("cpu", True) and "no GPU" in p.reason
+    # DeepSeek-V3 on 2x80 GB + 512 GB: most experts' W_Q cached, layers split over both GPUs
+    p = plan(v3, MACHINES["2x80GB+512GB"], 8192)
+    assert p.mode == "gpu-partial" and p.fits and 0.5 < p.wq_cache_fraction < 1.0
+    assert [d for d, _, _ in p.gpu_layers] == ["cuda:0", "cuda:1"]
+    assert abs(p.bytes_on("cuda:0") - p.bytes_on("cuda:1")) < 0.1 * p.bytes_on("cuda:0")  # split by VRAM
+    # on 24 GB + 128 GB, V3's W_R and D4 alone exceed DRAM: refused, nothing smaller fits
+    p = plan(v3, MACHINES["24GB+128GB"], 8192)
+    assert not p.fits and p.suggestion.startswith("nothing fits")
+
+
+def test_gpu_split_follows_free_vram(v3_file):
+    s = sizes_of(v3_file)
+    hw = HardwareRecord(gpus=(GPUInfo(0, "a", 80 * GB, 80 * GB), GPUInfo(1, "b", 48 * GB, 40 * GB)),
+                        dram_total_bytes=768 * GB, dram_available_bytes=700 * GB, physical_cores=32, usable_cores=32)
+    p = plan(s, hw, 4096)
+    check_consistent(p, hw)
+    a, b = p.bytes_on("cuda:0"), p.bytes_on("cuda:1")
+    assert a > 1.5 * b and b <= 40 * GB  # the free VRAM, not the total, bounds GPU 1
+    only1 = plan(s, hw, 4096, gpus=[1])
+    assert list(only1.vram_budget) == ["cuda:1"] and only1.wq_cache_fraction < p.wq_cache_fraction
+    with pytest.raises(UserError, match="no GPU 2"):
+        plan(s, hw, 4096, gpus=[2])
+
+
+def test_refusal_names_the_nearest_plan_that_fits(a3b_file):
+    s = sizes_of(a3b_file)
+    hw = MACHINES["24GB+128GB"]
+    # forcing every W_Q into a 10 GiB budget at a long context: fewer cached experts fit
+    p = plan(s, hw, 32768, vram_budget=10 * GiB, mode="gpu-residual")
+    assert not p.fits and p.suggestion.startswith("fewer cached experts")
+    q = plan(s, hw, p.suggested["ctx"], vram_budget=10 * GiB, cache_fraction=p.suggested["wq_cache_fraction"])
+    assert q.fits and q.mode == "gpu-partial"
+    # a DRAM budget the KV cache overflows in CPU mode: a smaller context
+    p = plan(s, hw, 32768, mode="cpu", dram_budget=22 * GB)
+    assert not p.fits and "smaller context" in p.suggestion
+    q = plan(s, hw, p.suggested["ctx"], mode="cpu", dram_budget=22 * GB)
+    assert q.fits and q.ctx < 32768
+    assert not plan(s, hw, q.ctx + 256, mode="cpu", dram_budget=22 * GB).fits  # the largest that fits, near enough
+    # a GPU mode on a machine without one: the CPU fallback
+    p = plan(s, MACHINES["noGPU+64GB"], 4096, mode="gpu-partial")
+    assert not p.fits and p.suggested["mode"] == "cpu"
+
+
+def test_hottest_experts_are_cached_first(a3b_file, tmp_path):
+    s = sizes_of(a3b_file)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    counts = [rng.integers(0, 1000, s.n_expert).tolist() for _ in range(s.n_layer)]
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"version": 1, "expert_frequency": counts}))
+    freqs = load_expert_frequencies(f, s)
+    p = plan(s, MACHINES["24GB+128GB"], 8192, vram_budget=6 * GiB, freqs=freqs)
+    assert p.mode == "gpu-partial" and p.cache_order.startswith("activation frequency")
+    cached = set(p.cached)
+    hot = min(counts[il][e] for il, e in cached)
+    cold = max(counts[il][e] for il in s.expert_layers for e in range(s.n_expert) if (il, e) not in cached)
+    assert hot >= cold
+    # without calibration: layer order
+    p = plan(s, MACHINES["24GB+128GB"], 8192, vram_budget=6 * GiB)
+    assert p.cache_order == "layer order" and p.cached[:3] == ((0, 0), (0, 1), (0, 2))
+    f.write_text("{not json")
+    assert load_expert_frequencies(f, s) is None
+
+
+def _cli(argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _tree(d: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(d)), p.stat().st_size) for p in d.rglob("*")) if d.exists() else []
+
+
+def test_cli_json_schema_refusal_and_no_pack_written(v3_file, tmp_path):
+    from rapidmoe.engine.paths import cache_dir
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"hardware": MACHINES["2x80GB+512GB"].to_dict()}))
+    before = _tree(cache_dir())
+    rc, out, err = _cli(["plan", "-m", str(v3_file), "--hardware", str(hw), "--ctx", "16384", "--json"])
+    assert rc == 0, err
+    j = json.loads(out)
+    assert set(j) >= {"mode", "reason", "components", "totals", "wq_cache_fraction", "fits", "suggestion"}
+    assert j["mode"] in ("gpu-residual", "gpu-partial", "cpu") and j["fits"] is True and j["suggestion"] is None
+    assert all(set(c) == {"name", "bytes", "device"} and isinstance(c["bytes"], int) for c in j["components"])
+    assert set(j["totals"]) >= {"vram_bytes", "dram_bytes"} and isinstance(j["wq_cache_fraction"], float)
+    # refused: exit 2, the object still printed with fits false and a suggestion
+    rc, out, err = _cli(["plan", "-m", str(v3_file), "--hardware", str(hw), "--dram-budget", "200", "--json"])
+    j = json.loads(out)
+    assert rc == 2 and j["fits"] is False and j["suggestion"] and "does not fit" in err
+    # the text form, refused: reason and nearest plan on stderr
+    rc, out, err = _cli(["plan", "-m", str(v3_file), "--hardware", str(hw), "--mode", "gpu-residual"])
+    assert rc == 2 and "component" in out and "nearest plan that fits: fewer cached experts" in err
+    assert _tree(cache_dir()) == before  # nothing converted, nothing written
+
+
+def test_cli_on_this_machine_and_bad_input(a3b_file, tmp_path):
+    rc, out, err = _cli(["plan", "-m", str(a3b_file), "--ctx", "2048"])
+    assert rc in (0, 2) and "KV cache" in out and "W_R" in out
+    rc, _, err = _cli(["plan", "-m", str(a3b_file), "--gpus", "7", "--hardware", str(_hw_file(tmp_path))])
+    assert rc == 2 and "no GPU 7" in err
+    rc, _, err = _cli(["plan", "-m", str(a3b_file), "--ctx", "999999"])
+    assert rc == 2 and "exceeds the model's trained context" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpus": [], "dram": 1}')
+    rc, _, err = _cli(["plan", "-m", str(a3b_file), "--hardware", str(bad)])
+    assert rc == 2 and "not a hardware description" in err
+
+
+def _hw_file(tmp_path) -> Path:
+    f = tmp_path / "hw24.json"
+    f.write_text(json.dumps(MACHINES["24GB+128GB"].to_dict()))
+    return f
