@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "paths": ("cmd_paths", "where config, chat history, cache, packs and models live"),
     "list": ("cmd_list", "models (demo, Hugging Face cache) and packs, with sizes"),
     "rm": ("cmd_rm", "remove a model or pack, and packs whose source is gone"),
+    "plan": ("cmd_plan", "where a model's bytes would live on this machine (VRAM/DRAM), from its metadata alone"),
+    "doctor": ("cmd_doctor", "hardware, CPU kernel path, CUDA status, kernel cache and package versions"),
 }
 
 
