@@ -1,4 +1,13 @@
-"""The GPU executor: CUDA kernels through the driver API (kernels.py), the W_Q
-cache (wq_cache.py), the residual-split schedule (schedule.py) over a small
-device interface (device.py) that CPU tensors can stand in for, and non-expert
-weights kept in their GGUF types on the GPU (placement.py)."""
+"""The GPU executor.
+
+kernels.py      the CUDA kernels (csrc/cuda) through the driver API; built on first
+                use by engine/cuda_build.py (nvcc, else NVRTC from pip's CUDA wheels)
+driver.py       ctypes over libcuda: modules, contexts, launches
+wq_cache.py     which experts' W_Q live on the GPU (hottest first, within a budget)
+schedule.py     the residual-split schedule of one MoE layer over device.py's small
+                interface (the GPU, or CPU tensors standing in for it in tests)
+prefill.py      W_Q experts over many tokens: dequantize to bf16 + tensor-core GEMM
+placement.py    non-expert weights on the GPU in their GGUF types
+executor.py     attach_gpu_experts: a loaded model's split layers onto the GPU(s)
+reference.py    float64 oracle of a split layer
+"""
