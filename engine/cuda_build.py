@@ -4,7 +4,7 @@ Each .cu file is one device module (no host code), compiled for the GPU's own
 architecture and cached under the user cache dir, keyed by the sources' hash,
 the architecture and the compiler's version (DESIGN.md §4):
 
-    <cache>/cuda/<hash16>-sm<XY>-<toolchain>/<module>.cubin
+    <cache>/kernels/cuda-<hash16>-sm<XY>-<toolchain>/<module>.cubin
 
 Compilers, first found wins: nvcc (a CUDA toolkit), else NVRTC from the CUDA
 libraries that pip's CUDA torch wheels bring (no toolkit needed). A machine
@@ -163,7 +163,7 @@ def build(arch: int, prefer: str | None = None, log=None) -> dict[str, Path]:
     else:
         raise UserError("no CUDA compiler for the GPU kernels: install a CUDA toolkit (nvcc) or the "
                         "NVRTC library (pip install nvidia-cuda-nvrtc), or run on the CPU (--gpu off)")
-    out_dir = cache_dir() / "cuda" / f"{source_hash(d)}-sm{arch}-{tool}"
+    out_dir = cache_dir() / "kernels" / f"cuda-{source_hash(d)}-sm{arch}-{tool}"  # where doctor looks
     paths = {m: out_dir / f"{m}.cubin" for m in MODULES}
     if all(p.is_file() for p in paths.values()):
         return paths
