@@ -27,9 +27,12 @@ void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk,
     const __m256 t0 = _mm256_min_ps(_mm256_max_ps(r0, mone), one);
     const __m256 below = _mm256_cmp_ps(_mm256_sub_ps(x, _mm256_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
     const __m256 t1 = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t0, _mm256_blendv_ps(one, mone, below)), mone), one);
-    e[0][h] = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t0));
-    e[1][h] = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t1));
-    for (int c = 0; c < 2; ++c) m[c][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e[c][h], e[c][h]));
+    // Levels are symmetric: (e - dr*sign(e)*L)^2 = (|e| - dr*L(|e|*inv))^2 exactly.
+    const __m256 e0 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t0)), e1 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t1));
+    m[0][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e0, e0));
+    m[1][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e1, e1));
+    e[0][h] = _mm256_andnot_ps(sign, e0);
+    e[1][h] = _mm256_andnot_ps(sign, e1);
   }
   auto score = [&](int k) {
     const float drs = D * kWrTable[k];
@@ -37,11 +40,9 @@ void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk,
     __m256 best[2] = {zero, zero};
     for (int c = 0; c < 2; ++c)
       for (int h = 0; h < 2; ++h) {
-        const __m256 z = _mm256_mul_ps(e[c][h], inv);
-        const __m256 a = _mm256_andnot_ps(sign, z);
+        const __m256 a = _mm256_mul_ps(e[c][h], inv);  // e holds |e| here
         __m256 v = _mm256_blendv_ps(top, one, _mm256_cmp_ps(a, cut, _CMP_LT_OQ));
         v = _mm256_blendv_ps(v, zero, _mm256_cmp_ps(a, half, _CMP_LT_OQ));
-        v = _mm256_xor_ps(v, _mm256_and_ps(_mm256_cmp_ps(z, zero, _CMP_LT_OQ), sign));
         const __m256 diff = _mm256_sub_ps(e[c][h], _mm256_mul_ps(dr, v));
         const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), m[c][h]);
         best[h] = c == 0 ? sc : _mm256_blendv_ps(best[h], sc, _mm256_cmp_ps(sc, best[h], _CMP_LT_OQ));

@@ -19,29 +19,30 @@ void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int n
   const __m512 mu = _mm512_set1_ps(kMu), half = _mm512_set1_ps(0.5f), cut = _mm512_set1_ps(1.625f);
   const __m512 one = _mm512_set1_ps(1.0f), mone = _mm512_set1_ps(-1.0f), top = _mm512_set1_ps(2.25f);
   const __m512 zero = _mm512_setzero_ps(), dqv = _mm512_set1_ps(dq);
-  const __m512i sign = _mm512_set1_epi32((int)0x80000000u), absm = _mm512_set1_epi32(0x7fffffff);
+  const __m512i absm = _mm512_set1_epi32(0x7fffffff);
   // Two ternary cells per weight: nearest, and the neighbour toward x.
   const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(dq > 0.f ? 1.0f / dq : 0.f)),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 t0 = _mm512_min_ps(_mm512_max_ps(r0, mone), one);
   const __mmask16 below = _mm512_cmp_ps_mask(_mm512_sub_ps(x, _mm512_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
   const __m512 t1 = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t0, _mm512_mask_blend_ps(below, one, mone)), mone), one);
-  __m512 e[2], m[2];
-  e[0] = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t0));
-  e[1] = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t1));
-  for (int c = 0; c < 2; ++c) m[c] = _mm512_mul_ps(mu, _mm512_mul_ps(e[c], e[c]));
+  // Levels are symmetric, so (e - dr*sign(e)*L)^2 = (|e| - dr*L(|e|*inv))^2 exactly
+  // (rounding commutes with negation): the sign never needs restoring.
+  __m512 ae[2], m[2];
+  const __m512 e0 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t0)), e1 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t1));
+  m[0] = _mm512_mul_ps(mu, _mm512_mul_ps(e0, e0));
+  m[1] = _mm512_mul_ps(mu, _mm512_mul_ps(e1, e1));
+  ae[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e0), absm));
+  ae[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e1), absm));
   auto score = [&](int k) {
     const float drs = D * kWrTable[k];
     const __m512 dr = _mm512_set1_ps(drs), inv = _mm512_set1_ps(drs > 0.f ? 1.0f / drs : 0.f);
     __m512 best = zero;
     for (int c = 0; c < 2; ++c) {
-      const __m512 z = _mm512_mul_ps(e[c], inv);
-      const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(z), absm));
+      const __m512 a = _mm512_mul_ps(ae[c], inv);
       __m512 v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, cut, _CMP_LT_OQ), top, one);
       v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, half, _CMP_LT_OQ), v, zero);
-      const __mmask16 neg = _mm512_cmp_ps_mask(z, zero, _CMP_LT_OQ);
-      v = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(v), neg, _mm512_castps_si512(v), sign));
-      const __m512 diff = _mm512_sub_ps(e[c], _mm512_mul_ps(dr, v));
+      const __m512 diff = _mm512_sub_ps(ae[c], _mm512_mul_ps(dr, v));
       const __m512 sc = _mm512_add_ps(_mm512_mul_ps(diff, diff), m[c]);
       best = c == 0 ? sc : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(sc, best, _CMP_LT_OQ), best, sc);
     }
