@@ -161,8 +161,8 @@ def build(arch: int, prefer: str | None = None, log=None) -> dict[str, Path]:
     elif nvrtc is not None:
         tool = f"nvrtc{nvrtc_version(nvrtc)}"
     else:
-        raise UserError("no CUDA compiler for the GPU kernels: install a CUDA toolkit (nvcc) or the "
-                        "NVRTC library (pip install nvidia-cuda-nvrtc), or run on the CPU (--gpu off)")
+        raise UserError("no CUDA compiler for the GPU kernels: install the NVRTC library that matches your "
+                        "torch (pip install nvidia-cuda-nvrtc) or a CUDA toolkit (nvcc), or run on the CPU")
     out_dir = cache_dir() / "kernels" / f"cuda-{source_hash(d)}-sm{arch}-{tool}"  # where doctor looks
     paths = {m: out_dir / f"{m}.cubin" for m in MODULES}
     if all(p.is_file() for p in paths.values()):
