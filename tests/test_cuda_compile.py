@@ -275,3 +275,12 @@ def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached):
         gs = sched.stats.groups
         assert gs["A"] > 0 and gs["C"] > 0 and gs["B"] + gs["D"] > 0, gs
         assert err < 3e-2, err
+
+
+def test_no_compiler_is_one_clear_error(monkeypatch, tmp_path):
+    from rapidmoe.engine.errors import UserError
+
+    monkeypatch.setattr(cuda_build, "load_nvrtc", lambda: None)
+    monkeypatch.setattr(cuda_build, "find_nvcc", lambda: None)
+    with pytest.raises(UserError, match="no CUDA compiler"):
+        cuda_build.build(90)
