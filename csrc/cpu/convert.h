@@ -7,7 +7,9 @@
 namespace rmoe {
 
 // IEEE binary16 -> binary32, exact for every input (subnormals, inf, nan).
-inline float f16_to_f32(uint16_t h) {
+// static: each translation unit keeps its own copy, so the linker can never pick
+// one compiled with AVX2/AVX-512 flags for a scalar caller.
+static inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
@@ -31,7 +33,7 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
-inline float bf16_to_f32(uint16_t h) {
+static inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;
   float f;
   std::memcpy(&f, &bits, 4);

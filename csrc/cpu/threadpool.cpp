@@ -31,7 +31,8 @@ class Pool {
   void resize(int n) {
     stop();
     stopping_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    // new workers start at the current generation: a job that already ran is not theirs
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g = generation_] { loop(i, g); });
   }
 
   void run(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t min_chunk) {
@@ -57,8 +58,7 @@ class Pool {
   }
 
  private:
-  void loop(int idx) {
-    uint64_t seen = 0;
+  void loop(int idx, uint64_t seen) {
     for (;;) {
       const std::function<void(size_t, size_t, int)>* fn;
       size_t n;
