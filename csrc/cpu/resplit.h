@@ -56,7 +56,7 @@ void dequantize(Fmt fmt, const uint8_t* q, size_t rows, size_t n, float* out);
 
 // One row of each format into floats: padded length (multiple of the block),
 // out must hold it. Per ISA; scalar is the reference.
-using DequantRowFn = void (*)(const uint8_t* row, size_t nblocks, float* out);
+using DequantRowFn = void (*)(const uint8_t* row /*[row_bytes]*/, size_t nblocks, float* out /*[nblocks*block]*/);
 DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
 
 // Activations prepared once per token for the fused kernels (prep_x). The SIMD
@@ -70,7 +70,9 @@ DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
 size_t prep_floats(Fmt fmt, size_t n);
 void prep_x(Fmt fmt, const float* x /*[n]*/, size_t n, float* out /*[prep_floats]*/);
 // Fused decode x dot: y[t*ys] = W_row . x_t for t < T, x_t = xp + t*xs (prepared), nb blocks.
-using RowDotFn = void (*)(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+using RowDotFn = void (*)(const uint8_t* row /*[row_bytes]*/, size_t nb /*blocks*/,
+                          const float* xp /*[T, xs] prepared*/, size_t xs, size_t T, float* y /*[T] at stride ys*/,
+                          size_t ys);
 RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 
 // Batched expert GEMM: for each selected slot s (one expert id each),
