@@ -88,13 +88,13 @@ void pack_wq(const float* t, uint32_t code, uint8_t* out) {
   out[7] = (uint8_t)(code >> 4);
 }
 
-HalfScoresFn half_scores_fn() {
+BlockScoresFn block_scores_fn() {
   static const Isa isa = active_isa();
 #if RMOE_X86
-  if (isa == Isa::Avx512) return half_scores_avx512;
-  if (isa == Isa::Avx2) return half_scores_avx2;
+  if (isa == Isa::Avx512) return block_scores_avx512;
+  if (isa == Isa::Avx2) return block_scores_avx2;
 #endif
-  return half_scores_scalar;
+  return block_scores_scalar;
 }
 
 // WR level digit (0..4) of z: the scalar twin of the SIMD compare chain.
@@ -126,21 +126,26 @@ void half_encode(const float* xs, float dq, float dr, float* t, int* dig) {
   }
 }
 
-// Best sub-scale code of 16 weights: coarse codes, then kc-2..kc+2 around the best.
-float half_best(HalfScoresFn fn, const float* xs, float dq, float D, int* kbest) {
-  float sc[4], hb = INFINITY;
-  fn(xs, dq, D, kKCoarse, 4, sc);
-  int kb = 0;
-  for (int j = 0; j < 4; ++j)
-    if (sc[j] < hb) { hb = sc[j]; kb = kKCoarse[j]; }
-  int ks[4], nk = 0;
-  for (int off : {-2, -1, 1, 2})
-    if (kb + off >= 0 && kb + off <= 15) ks[nk++] = kb + off;
-  fn(xs, dq, D, ks, nk, sc);
-  for (int j = 0; j < nk; ++j)
-    if (sc[j] < hb) { hb = sc[j]; kb = ks[j]; }
-  *kbest = kb;
-  return hb;
+// Best sub-scale code of each 16-weight half: coarse codes, then kc-2..kc+2 around
+// the best (clipped to 0..15: a repeated code scores the same and never replaces).
+float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest) {
+  int ks[8];
+  float sc[8], hb[2] = {INFINITY, INFINITY};
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 4; ++j) ks[4 * h + j] = kKCoarse[j];
+  fn(x, dq, D, ks, sc);
+  for (int h = 0; h < 2; ++h) {
+    kbest[h] = 0;
+    for (int j = 0; j < 4; ++j)
+      if (sc[4 * h + j] < hb[h]) { hb[h] = sc[4 * h + j]; kbest[h] = kKCoarse[j]; }
+    int j = 0;
+    for (int off : {-2, -1, 1, 2}) ks[4 * h + j++] = std::min(15, std::max(0, kbest[h] + off));
+  }
+  fn(x, dq, D, ks, sc);
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 4; ++j)
+      if (sc[4 * h + j] < hb[h]) { hb[h] = sc[4 * h + j]; kbest[h] = ks[4 * h + j]; }
+  return hb[0] + hb[1];
 }
 
 }  // namespace
@@ -172,6 +177,11 @@ void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int n
   }
 }
 
+void block_scores_scalar(const float* x, float dq, float D, const int* ks, float* scores) {
+  half_scores_scalar(x, dq, D, ks, 4, scores);
+  half_scores_scalar(x + 16, dq, D, ks + 4, 4, scores + 4);
+}
+
 namespace {
 
 void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
@@ -195,7 +205,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   const uint16_t Dbits = f32_to_f16_bits(D);
   wr[0] = (uint8_t)(Dbits & 0xFF);
   wr[1] = (uint8_t)(Dbits >> 8);
-  const HalfScoresFn half_scores = half_scores_fn();
+  const BlockScoresFn block_scores = block_scores_fn();
   float t[32];
   int dig[64], kk[4];
   for (size_t b64 = 0; b64 < nb64; ++b64) {
@@ -210,10 +220,9 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       auto try_scale = [&](float d) {
         const uint32_t code = scale12_encode(d);
         const float dq = scale12_decode(code);
-        int k0, k1;
-        const float s0 = half_best(half_scores, x, dq, D, &k0);
-        const float total = s0 + half_best(half_scores, x + 16, dq, D, &k1);
-        if (total < best) { best = total; best_code = code; best_k[0] = k0; best_k[1] = k1; }
+        int k[2];
+        const float total = block_best(block_scores, x, dq, D, k);
+        if (total < best) { best = total; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
         return total;
       };
       try_scale(wq_alone_scale(x));

@@ -67,6 +67,11 @@ void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk,
   }
 }
 
+void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* scores) {
+  half_scores_avx2(x, dq, D, ks, 4, scores);
+  half_scores_avx2(x + 16, dq, D, ks + 4, 4, scores + 4);
+}
+
 namespace {
 // tree32 of 32 lanes held as v[0..3] (8 each), two sums at once.
 inline void tree32x2(const __m256* a, const __m256* b, float* sa, float* sb) {
@@ -128,6 +133,9 @@ namespace rmoe {
 namespace resplit {
 void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
   half_scores_scalar(xs, dq, D, ks, nk, s);
+}
+void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* s) {
+  block_scores_scalar(x, dq, D, ks, s);
 }
 void d4_fit_avx2(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 }  // namespace resplit

@@ -14,55 +14,50 @@
 namespace rmoe {
 namespace resplit {
 
-void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
-  const __m512 x = _mm512_loadu_ps(xs);
+void block_scores_avx512(const float* xs, float dq, float D, const int* ks, float* scores) {
   const __m512 mu = _mm512_set1_ps(kMu), half = _mm512_set1_ps(0.5f), cut = _mm512_set1_ps(1.625f);
   const __m512 one = _mm512_set1_ps(1.0f), mone = _mm512_set1_ps(-1.0f), top = _mm512_set1_ps(2.25f);
-  const __m512 zero = _mm512_setzero_ps(), dqv = _mm512_set1_ps(dq);
+  const __m512 zero = _mm512_setzero_ps(), dqv = _mm512_set1_ps(dq), iq = _mm512_set1_ps(dq > 0.f ? 1.0f / dq : 0.f);
   const __m512i absm = _mm512_set1_epi32(0x7fffffff);
-  // Two ternary cells per weight: nearest, and the neighbour toward x.
-  const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(dq > 0.f ? 1.0f / dq : 0.f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 t0 = _mm512_min_ps(_mm512_max_ps(r0, mone), one);
-  const __mmask16 below = _mm512_cmp_ps_mask(_mm512_sub_ps(x, _mm512_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
-  const __m512 t1 = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t0, _mm512_mask_blend_ps(below, one, mone)), mone), one);
-  // Levels are symmetric, so (e - dr*sign(e)*L)^2 = (|e| - dr*L(|e|*inv))^2 exactly
-  // (rounding commutes with negation): the sign never needs restoring.
-  __m512 ae[2], m[2];
-  const __m512 e0 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t0)), e1 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t1));
-  m[0] = _mm512_mul_ps(mu, _mm512_mul_ps(e0, e0));
-  m[1] = _mm512_mul_ps(mu, _mm512_mul_ps(e1, e1));
-  ae[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e0), absm));
-  ae[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e1), absm));
-  auto score = [&](int k) {
+  // Per half h (one register each): two ternary cells per weight, nearest and the
+  // neighbour toward x. Levels are symmetric, so (e - dr*sign(e)*L)^2 equals
+  // (|e| - dr*L(|e|*inv))^2 exactly (rounding commutes with negation).
+  __m512 ae[2][2], m[2][2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512 x = _mm512_loadu_ps(xs + 16 * h);
+    const __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(x, iq), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 t0 = _mm512_min_ps(_mm512_max_ps(r0, mone), one);
+    const __m512 e0 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t0));
+    const __mmask16 below = _mm512_cmp_ps_mask(e0, zero, _CMP_LT_OQ);
+    const __m512 t1 = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t0, _mm512_mask_blend_ps(below, one, mone)), mone), one);
+    const __m512 e1 = _mm512_sub_ps(x, _mm512_mul_ps(dqv, t1));
+    m[h][0] = _mm512_mul_ps(mu, _mm512_mul_ps(e0, e0));
+    m[h][1] = _mm512_mul_ps(mu, _mm512_mul_ps(e1, e1));
+    ae[h][0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e0), absm));
+    ae[h][1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e1), absm));
+  }
+  auto score = [&](int h, int k) {  // tree16 level 1 of half h's best per-weight score
     const float drs = D * kWrTable[k];
     const __m512 dr = _mm512_set1_ps(drs), inv = _mm512_set1_ps(drs > 0.f ? 1.0f / drs : 0.f);
     __m512 best = zero;
     for (int c = 0; c < 2; ++c) {
-      const __m512 a = _mm512_mul_ps(ae[c], inv);
+      const __m512 a = _mm512_mul_ps(ae[h][c], inv);
       __m512 v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, cut, _CMP_LT_OQ), top, one);
       v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, half, _CMP_LT_OQ), v, zero);
-      const __m512 diff = _mm512_sub_ps(ae[c], _mm512_mul_ps(dr, v));
-      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(diff, diff), m[c]);
+      const __m512 diff = _mm512_sub_ps(ae[h][c], _mm512_mul_ps(dr, v));
+      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(diff, diff), m[h][c]);
       best = c == 0 ? sc : _mm512_mask_blend_ps(_mm512_cmp_ps_mask(sc, best, _CMP_LT_OQ), best, sc);
     }
-    return _mm256_add_ps(_mm512_castps512_ps256(best), _mm512_extractf32x8_ps(best, 1));  // tree16 level 1
+    return _mm256_add_ps(_mm512_castps512_ps256(best), _mm512_extractf32x8_ps(best, 1));
   };
-  // tree16 levels 2-4 for two sub-scales at once (same lane pairs as the oracle).
-  int n = 0;
-  for (; n + 2 <= nk; n += 2) {
-    const __m256 a = score(ks[n]), b = score(ks[n + 1]);
+  // tree16 levels 2-4 for both halves at once (same lane pairs as the oracle).
+  for (int n = 0; n < 4; ++n) {
+    const __m256 a = score(0, ks[n]), b = score(1, ks[4 + n]);
     const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
     const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
     const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
     scores[n] = _mm256_cvtss_f32(s1);
-    scores[n + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
-  }
-  if (n < nk) {
-    const __m256 a = score(ks[n]);
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    scores[n] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    scores[4 + n] = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
   }
 }
 
@@ -119,8 +114,8 @@ void d4_fit_avx512(const float* x, float* s_out, float* m_out) {
 #else
 namespace rmoe {
 namespace resplit {
-void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
-  half_scores_scalar(xs, dq, D, ks, nk, s);
+void block_scores_avx512(const float* x, float dq, float D, const int* ks, float* s) {
+  block_scores_scalar(x, dq, D, ks, s);
 }
 void d4_fit_avx512(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 }  // namespace resplit

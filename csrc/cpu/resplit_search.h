@@ -33,7 +33,13 @@ using HalfScoresFn = void (*)(const float* xs /*[16]*/, float dq, float D, const
                               float* scores /*[nk]*/);
 void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
 void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
-void half_scores_avx512(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
+// Both halves of a 32-weight block at once, four sub-scale codes each:
+// scores[h*4 + j] for half h (weights 16h..16h+15) and code ks[h*4 + j].
+using BlockScoresFn = void (*)(const float* x /*[32]*/, float dq, float D, const int* ks /*[2*4]*/,
+                               float* scores /*[2*4]*/);
+void block_scores_scalar(const float* x, float dq, float D, const int* ks, float* scores);
+void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* scores);
+void block_scores_avx512(const float* x, float dq, float D, const int* ks, float* scores);
 
 // D4's asymmetric fit of 32 weights x: w ~ s*q - m (q in 0..15, m >= 0), scale
 // search over 21 steps with least-squares refits (oracle _d4_search). Sums run
