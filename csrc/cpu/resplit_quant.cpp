@@ -100,7 +100,7 @@ BlockScoresFn block_scores_fn() {
 // WR level digit (0..4) of z: the scalar twin of the SIMD compare chain.
 int wr_digit(float z) {
   const float a = std::fabs(z);
-  const int idx = a < 0.5f ? 0 : (a < 1.625f ? 1 : 2);
+  const int idx = (int)!(a < 0.5f) + (int)!(a < 1.625f);  // branch-free; NaN is past both
   return z < 0.f ? 2 - idx : 2 + idx;
 }
 
