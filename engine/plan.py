@@ -113,7 +113,7 @@ def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[
     return sorted(slots, key=lambda sl: (rank[sl], sl)), "activation frequency (calibration)"
 
 
-def _cpu_plan(s: ModelSizes, ctx: int, dram_budget: int, reason: str, chunk: int) -> tuple[list[Component], str]:
+def _cpu_plan(s: ModelSizes, ctx: int, chunk: int) -> list[Component]:
     types = ", ".join(f"{t} {gb(b)}" for t, b in s.nonexpert_types)
     n = s.n_moe_layers * s.n_expert
     comps = [
@@ -126,12 +126,12 @@ def _cpu_plan(s: ModelSizes, ctx: int, dram_budget: int, reason: str, chunk: int
         Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer, runtime)",
                   cpu_workspace_bytes(s, ctx, chunk), "cpu"),
     ]
-    return comps, reason
+    return comps
 
 
-def _split_layers(need: list[int], head: int, caps: list[int]) -> tuple[list[int], int] | None:
+def _split_layers(need: list[int], head: int, caps: list[int]) -> tuple[list[int], int]:
     """Contiguous layers to GPUs in proportion to their capacity (the head on
-    the last GPU) -> (gpu of each layer, first overflow in bytes or 0)."""
+    the last GPU) -> (GPU of each layer, largest overflow in bytes, or 0)."""
     total = sum(need) + head
     cap_sum = sum(caps)
     owner, g, used, done = [], 0, [0] * len(caps), 0
@@ -198,8 +198,9 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
         host.append(Component(f"W_Q of {n_all - n} uncached experts (run on the CPU)", (n_all - n) * s.wq_bytes, "cpu"))
     host.append(Component("host working memory (tokenizer, runtime, CPU expert buffers)",
                           host_workspace_bytes(s, chunk), "cpu"))
-    note = f"non-expert weights in VRAM: {types}"
-    return comps + host, tuple(order[:n]), tuple(spans), note
+    notes = (f"non-expert weights in VRAM: {types}",
+             "the pack is memory-mapped: pages uploaded to VRAM stay in the page cache only while DRAM is spare")
+    return comps + host, tuple(order[:n]), tuple(spans), notes
 
 
 def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,
@@ -240,15 +241,14 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
                   cache_order=order_name, reserves=reserves)
 
     def cpu(reason: str) -> Plan:
-        comps, why = _cpu_plan(s, ctx, dram_cap, reason, chunk)
-        return Plan(mode="cpu", reason=why, components=tuple(comps), wq_cache_fraction=0.0,
+        return Plan(mode="cpu", reason=reason, components=tuple(_cpu_plan(s, ctx, chunk)), wq_cache_fraction=0.0,
                     vram_budget={}, **{k: v for k, v in common.items() if k != "vram_budget"})
 
     def gpu(n_cached: int | None) -> Plan | None:
         r = _gpu_plan(s, ctx, devs, budgets, n_cached, order, chunk)
         if r is None:
             return None
-        comps, cached, spans, note = r
+        comps, cached, spans, notes = r
         frac = len(cached) / len(order)
         m = "gpu-residual" if len(cached) == len(order) else "gpu-partial"
         why = ("every expert's W_Q in VRAM" if m == "gpu-residual" else
@@ -257,7 +257,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         if n_cached is not None:
             why = f"{mode or f'W_Q cache fraction {cache_fraction:g}'} requested: {why}"
         return Plan(mode=m, reason=why, components=tuple(comps), wq_cache_fraction=frac, cached=cached,
-                    gpu_layers=spans, notes=(note,), **common)
+                    gpu_layers=spans, notes=notes, **common)
 
     total_slots = len(order)
     want = None if cache_fraction is None else round(cache_fraction * total_slots)

@@ -123,6 +123,15 @@ def test_sizes_match_a_real_pack(tmp_path):
         p = plan(s, MACHINES["noGPU+64GB"], 256)
         mapped = sum(c.bytes for c in p.components if "mmapped" in c.name)
         assert mapped == sum(x.nbytes for x in t.values())
+    # ... and what load_model maps and allocates for that plan
+    from rapidmoe.engine.bench import resident_model_bytes
+    from rapidmoe.engine.model import load_model
+
+    m = load_model(src, n_ctx=256, critical="k")
+    assert resident_model_bytes(m) == mapped
+    kv = next(c.bytes for c in p.components if c.name.startswith("KV cache"))
+    cache = m.net.new_cache(256)
+    assert kv == sum(t.numel() * t.element_size() for t in [*cache.k, *cache.v])
 
 
 @pytest.mark.parametrize("name", list(MACHINES))
