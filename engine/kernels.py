@@ -94,7 +94,7 @@ def resplit_quantize(fmt: str, w: np.ndarray) -> np.ndarray:
 
 
 def resplit_quantize_wq_wr(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """gate/up w [..., n] float32 -> (wq, wr) uint8 rows, WQ's scales chosen for WQ+WR."""
+    """gate/up w [..., n] float32 -> (wq, wr) uint8 rows, searched jointly for deq(wq)+deq(wr)."""
     q, r = _cpu.resplit_quantize_wq_wr(np.ascontiguousarray(w, dtype=np.float32))
     return q, r
 
@@ -109,7 +109,9 @@ def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray,
     """Batched over experts: w [E, out, row_bytes]; ids [S]; x [N, in_dim] -> y [N, out].
 
     Rows of x come grouped by slot: counts[s] consecutive rows use expert ids[s]
-    (default: one row per slot, the decode case).
+    (default: one row per slot, the decode case). The SIMD paths run 'wq' and 'd4'
+    on int8 activations (per 32 values, see resplit_oracle.q8_activations); 'wr'
+    and the scalar path use float32.
     """
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     counts = np.ones(len(ids), np.int64) if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
