@@ -32,7 +32,7 @@ from .gguf.reader import GGUFFile
 from .gguf.writer import TensorSlot, build_header, encode_kv
 from .paths import cache_dir
 
-PACK_VERSION = 1
+PACK_VERSION = 1  # the pack's layout; the expert formats carry their own version
 I8 = 24  # GGML type id used for raw byte tensors
 EXPERT_KINDS = ("gate", "up", "down")
 PARTS = (("gate", "wq"), ("gate", "wr"), ("up", "wq"), ("up", "wr"), ("down", "wq"), ("down", "d4"))
@@ -46,7 +46,8 @@ def source_identity(path: Path) -> dict:
 
 def pack_path(src: Path) -> Path:
     ident = source_identity(src)
-    key = hashlib.sha256(json.dumps([str(Path(src).resolve()), ident, PACK_VERSION]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([str(Path(src).resolve()), ident, PACK_VERSION,
+                                     kernels.resplit_format_version()]).encode()).hexdigest()[:16]
     stem = src.name[:-5] if src.name.endswith(".gguf") else src.name
     return cache_dir() / "packs" / f"{stem}.{key}.rmpack.gguf"
 
@@ -95,7 +96,8 @@ def plan_pack(src_path: Path, ident: dict) -> PackPlan:
     copied = [TensorSlot(t.name, t.ggml_type, t.ne, t.nbytes) for t in g.tensors.values() if t.name not in expert_names]
     slots = copied + [s for il in layers for s in _expert_slots(cfg, il)]
     raw = [g.raw_kv(k) for k in g.metadata if not k.startswith("split.") and k != "general.alignment"]
-    ours = {"rapidmoe.pack.version": PACK_VERSION, "rapidmoe.pack.source_name": ident["name"],
+    ours = {"rapidmoe.pack.version": PACK_VERSION, "rapidmoe.pack.format_version": kernels.resplit_format_version(),
+            "rapidmoe.pack.source_name": ident["name"],
             "rapidmoe.pack.source_path": str(Path(src_path).resolve()),
             "rapidmoe.pack.source_size": ident["size"], "rapidmoe.pack.source_mtime_ns": ident["mtime_ns"],
             "rapidmoe.pack.layers": layers}
@@ -115,7 +117,10 @@ def verify_pack(path: Path, ident: dict) -> GGUFFile:
     m = g.metadata
     bad = None
     if m.get("rapidmoe.pack.version") != PACK_VERSION:
-        bad = f"pack format {m.get('rapidmoe.pack.version')} (this version reads {PACK_VERSION})"
+        bad = f"pack layout {m.get('rapidmoe.pack.version')} (this version reads {PACK_VERSION})"
+    elif m.get("rapidmoe.pack.format_version") != kernels.resplit_format_version():
+        bad = (f"expert format {m.get('rapidmoe.pack.format_version')} "
+               f"(this version reads {kernels.resplit_format_version()})")
     elif (m.get("rapidmoe.pack.source_size"), m.get("rapidmoe.pack.source_mtime_ns")) != (ident["size"], ident["mtime_ns"]):
         bad = "made from another version of the source file"
     else:

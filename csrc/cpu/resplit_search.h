@@ -20,12 +20,12 @@ namespace resplit {
 // Round-half-even as np.rint, without a libm call: exact for |x| < 2^22; larger
 // values stay large with their sign, and every caller clamps to a few levels.
 // (Without -ffast-math the compiler may not fold (x + c) - c.)
-inline float rnd(float x) {
+static inline float rnd(float x) {
   constexpr float c = 12582912.0f;  // 1.5 * 2^23
   return (x + c) - c;
 }
-inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, -65504.f, 65504.f))); }
+static inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+static inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, -65504.f, 65504.f))); }
 
 constexpr float kMu = 0x1.47ae14p-6f;  // 0.02: weight of WQ-alone error
 
