@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="GGUF path, REPO[:QUANT], 'demo' (the default) or 'bench' (the synthetic bench model)")
     p.add_argument("--budget", type=float, default=None, metavar="X",
-                   help="latency budget: decode (and prefill) time <= X times the r = 1 time (default 1.25)")
+                   help="latency budget: decode time <= X times the r = 1 time (default 1.25); prefill may "
+                        "spend 1.25x what that profile would cost there")
     p.add_argument("--tokens", type=int, default=256, help="calibration tokens (default 256; more: slower, steadier)")
     p.add_argument("--segment", type=int, default=128,
                    help="tokens per segment: first half prefill, second half decode (default 128)")

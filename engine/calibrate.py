@@ -37,9 +37,9 @@ from .moe.umia import UmiaProfile, critical_sizes, default_profile, smooth_alpha
 from .paths import cache_dir
 
 CALIB_VERSION = 1
-DEFAULT_BUDGET = 1.25  # decode (and prefill) time <= this x the r = 1 time
+DEFAULT_BUDGET = 1.25  # decode time <= this x the r = 1 time
 ALPHA_SLOPES = (0.0, 1.4, 2.8, 4.2)  # log(α_first / α_last): shallow layers weigh more
-PREFILL_SLACK = 1.25
+PREFILL_SLACK = 1.25  # prefill may cost this x what the decode profile would cost there
 
 
 def machine_fingerprint() -> dict:
@@ -111,7 +111,7 @@ class Result:
 
 
 class _PhasePolicy:
-    """Runs `choose(w, layer, prefill)` with the phase forced and records w, ids-order r."""
+    """Runs `choose(w, layer, prefill)` with the phase forced; records r (and w) per layer."""
 
     def __init__(self, choose, prefill: bool, rec_r: dict, rec_w: dict | None):
         self.choose, self.prefill, self.rec_r, self.rec_w = choose, prefill, rec_r, rec_w
@@ -127,7 +127,6 @@ class _PhasePolicy:
 class Calibrator:
     def __init__(self, model, tokens: list[int], seg_len: int):
         self.model, self.seg_len = model, seg_len
-        self.k = model.cfg.n_expert_used
         n = len(tokens) // seg_len * seg_len
         if n < seg_len:
             raise UserError(f"the calibration text is shorter than one segment ({seg_len} tokens)")
@@ -199,7 +198,9 @@ def _fit_threshold(lat, base: UmiaProfile, w_by_layer, k, prefill: bool, budget_
         return _predicted(lat, p, w_by_layer, k, prefill)
 
     top = max(float(np.max(w)) for w in w_by_layer.values()) * max(base.alpha) * 1.01 + 1e-12
-    lo, hi = top * 1e-6, top
+    # just under the smallest score: every expert critical (when even that fits, stop there)
+    floor = min(float(np.min(w)) * base.alpha[il] for il, w in w_by_layer.items()) * 0.99
+    lo, hi = max(floor, top * 1e-9), top
     if t(lo) <= budget_s:
         return lo
     for _ in range(40):

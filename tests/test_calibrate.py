@@ -44,6 +44,10 @@ def test_threshold_fit_spends_the_budget_and_no_more():
     th = _fit_threshold(LAT, base, w, K, False, budget)
     at = lambda t: _predicted(LAT, UmiaProfile(base.alpha, 1.0, 1.0, t, 0, K), w, K, False)  # noqa: E731
     assert at(th) <= budget < at(th * 0.97)  # tight: a little lower θ breaks the budget
+    # a budget that r = k meets: θ just under the smallest score, not an arbitrary tiny number
+    th_all = _fit_threshold(LAT, base, w, K, False, 1.0)
+    smallest = min(float(w[il].min()) * base.alpha[il] for il in w)
+    assert 0.98 * smallest < th_all < smallest and at(th_all) == pytest.approx(LAT.fixed_time(K, False))
     assert fixed_fit(LAT, K, 1.25) == max(r for r in range(K + 1) if LAT.fixed_time(r, False) <= budget) == 3
     for name, prof in candidate_profiles(LAT, w, 4, K, 1.25):
         assert _predicted(LAT, prof, w, K, False) <= budget + 1e-12, name
