@@ -123,7 +123,7 @@ def _cpu_plan(s: ModelSizes, ctx: int, chunk: int) -> list[Component]:
         Component(f"W_R of all {n} experts (gate/up residuals, mmapped)", n * s.wr_bytes, "cpu"),
         Component(f"D4 down copies of all {n} experts (mmapped)", n * s.d4_bytes, "cpu"),
         Component(f"KV cache (f32, {ctx} tokens)", ctx * s.kv_bytes_per_token_f32, "cpu"),
-        Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer, runtime)",
+        Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer)",
                   cpu_workspace_bytes(s, ctx, chunk), "cpu"),
     ]
     return comps
@@ -196,7 +196,7 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
     ]
     if n < n_all:
         host.append(Component(f"W_Q of {n_all - n} uncached experts (run on the CPU)", (n_all - n) * s.wq_bytes, "cpu"))
-    host.append(Component("host working memory (tokenizer, runtime, CPU expert buffers)",
+    host.append(Component("host working memory (tokenizer, CPU expert buffers)",
                           host_workspace_bytes(s, chunk), "cpu"))
     notes = (f"non-expert weights in VRAM: {types}",
              "the pack is memory-mapped: pages uploaded to VRAM stay in the page cache only while DRAM is spare")

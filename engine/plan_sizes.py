@@ -17,11 +17,26 @@ from .gguf.reader import GGUFFile
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
-# Measured on the demo model: tokenizer tables and parsed metadata cost about
-# this much per vocabulary entry; the runtime (thread pools, allocator arenas,
-# RoPE tables) a fixed amount on top.
+# Measured on the demo model (49K vocabulary): tokenizer tables and parsed
+# metadata cost about this much per vocabulary entry.
 TOKENIZER_BYTES_PER_TOKEN = 900
-RUNTIME_BASE_BYTES = 24 << 20
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def use_planned_allocator(threshold: int = 1 << 20) -> bool:
+    """Make peak memory what the plan counts: glibc serves buffers above
+    `threshold` with their own mappings and returns them on free. Its default
+    (a threshold that grows with each freed buffer, per-thread arenas that keep
+    them) made the demo's peak RSS vary by ±20% from run to run on the same
+    input. Call once, early; False where it does not apply (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -139,17 +154,17 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
 
 
 def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:
-    """Peak transient memory of one forward of `chunk` prompt tokens over a full
-    context on the CPU engine (f32), plus tokenizer and runtime:
-    attention scores, softmax and mask [n_head, T, S] (~3 copies), K/V repeated
-    per head, the routed experts' per-slot activations [T*k, H] (~3 copies) and
-    the hidden states."""
+    """Peak transient memory of one forward of `chunk` prompt tokens at the end
+    of a full context on the CPU engine (f32), plus the tokenizer: attention
+    scores and softmax [n_head, T, S] (2 copies), K/V repeated per head, the
+    routed experts' per-slot activations [T*k, H] (~3 copies), hidden states,
+    RoPE tables. Checked against the demo's peak RSS (tests/test_plan.py)."""
     T, S = min(chunk, n_ctx), n_ctx
-    attn = 3 * s.n_head * T * S * 4 + 2 * s.n_head * S * s.head_dim * 4
+    attn = 2 * s.n_head * T * S * 4 + 2 * s.n_head * S * s.head_dim * 4
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
     hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
     rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64
-    return attn + moe + hidden + rope + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_BASE_BYTES
+    return attn + moe + hidden + rope + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN
 
 
 def host_workspace_bytes(s: ModelSizes, chunk: int = PREFILL_CHUNK) -> int:
@@ -157,7 +172,7 @@ def host_workspace_bytes(s: ModelSizes, chunk: int = PREFILL_CHUNK) -> int:
     tokenizer, runtime, the CPU experts' per-slot activations."""
     T = chunk
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
-    return moe + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_BASE_BYTES
+    return moe + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN
 
 
 def gpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = 512) -> int:

@@ -272,3 +272,52 @@ def _hw_file(tmp_path) -> Path:
     f = tmp_path / "hw24.json"
     f.write_text(json.dumps(MACHINES["24GB+128GB"].to_dict()))
     return f
+
+
+RSS_CHILD = r"""
+import json, sys
+import numpy as np, torch
+from rapidmoe.engine.model import load_model
+from rapidmoe.engine.plan_sizes import use_planned_allocator
+
+if sys.argv[3] == "planned":
+    assert use_planned_allocator()
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+rss0 = status("VmRSS:")  # after imports, as bench reports it
+ctx, chunk = int(sys.argv[1]), int(sys.argv[2])
+m = load_model("demo", n_ctx=ctx, critical="k")
+cache = m.net.new_cache(ctx)
+toks = torch.from_numpy(np.random.default_rng(0).integers(10, m.cfg.n_vocab - 10, ctx))
+n_prompt = ctx - 8
+for i in range(0, n_prompt, chunk):  # the chat session's chunked prefill, filling the context
+    m.net.forward(toks[i:min(i + chunk, n_prompt)], i, cache, last_only=True)
+for i in range(n_prompt, ctx):
+    m.net.forward(toks[i:i + 1], i, cache)
+print(json.dumps({"peak_minus_imports": status("VmHWM:") - rss0}))
+"""
+
+
+def test_cpu_plan_matches_what_the_engine_allocates():
+    """The bar: on this machine, peak RSS minus RSS after imports of a run that
+    fills the planned context is within 15% of the plan's DRAM total (demo model)."""
+    import subprocess
+    import sys
+
+    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.hardware import detect
+
+    ctx = 2048
+    p = plan(sizes_of(demo_model_path()), detect(amx=False), ctx, mode="cpu")  # what the CPU engine runs
+    # under the allocator setting the plan assumes (plan_sizes.use_planned_allocator)
+    r = subprocess.run([sys.executable, "-c", RSS_CHILD, str(ctx), "256", "planned"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    measured = json.loads(r.stdout.strip().splitlines()[-1])["peak_minus_imports"]
+    print(f"demo, ctx {ctx}: plan DRAM {p.dram_bytes / 1e6:.1f} MB, measured {measured / 1e6:.1f} MB "
+          f"({measured / p.dram_bytes:.3f}x)")
+    assert abs(measured / p.dram_bytes - 1) <= 0.15
