@@ -127,7 +127,7 @@ def _bytes(n: int) -> str:
     return gb(n)
 
 
-def print_plan(p, sizes, out=None) -> None:
+def print_plan(p, sizes, disk_note: str = "", out=None) -> None:
     w = (out or sys.stdout).write
     w(f"model    {p.model} ({sizes.arch}, {sizes.n_layer} layers, {sizes.n_expert} experts, "
       f"top-{sizes.n_expert_used}; source {_bytes(sizes.source_bytes)})\n")
@@ -152,14 +152,34 @@ def print_plan(p, sizes, out=None) -> None:
             w(f"  {dev}: layers {a}-{b}\n")
     for n in p.notes:
         w(f"note: {n}\n")
+    if disk_note:
+        w(f"note: {disk_note}\n")
+
+
+def pack_disk_note(sizes, hw_disk_free: int, pack_exists: bool) -> str:
+    """The pack is written on first use: say so when the cache dir is short of room."""
+    need = sizes.nonexpert_bytes + sizes.n_moe_layers * sizes.n_expert * sizes.expert_bytes
+    if pack_exists:
+        return ""
+    if hw_disk_free and hw_disk_free < need:
+        return (f"the residual-split pack ({_bytes(need)}) is written to the cache dir on first use, "
+                f"which has {_bytes(hw_disk_free)} free: not enough")
+    return f"the residual-split pack ({_bytes(need)}) is written to the cache dir on first use"
 
 
 def run(args) -> int:
     p, sizes = make_plan(args)
+    disk = ""
+    if not args.hardware:
+        from ..engine.hardware import disk_free
+        from ..engine.pack import pack_path
+        from ..engine.paths import cache_dir
+
+        disk = pack_disk_note(sizes, disk_free(cache_dir()), pack_path(resolve(args.model)).exists())
     if args.json:
-        print(json.dumps(p.to_json()))
+        print(json.dumps({**p.to_json(), **({"disk_note": disk} if disk else {})}))
     else:
-        print_plan(p, sizes)
+        print_plan(p, sizes, disk)
     if not p.fits:
         print(f"rapidmoe-chat: error: the plan does not fit: {p.reason}", file=sys.stderr)
         if p.suggestion:

@@ -321,7 +321,7 @@ def _usable_cores() -> int:
     return max(1, min(n, quota)) if quota else n
 
 
-def _disk_free(d: Path) -> int:
+def disk_free(d: Path) -> int:
     d = Path(d)
     while not d.exists() and d != d.parent:  # nothing is created just to look
         d = d.parent
@@ -348,5 +348,5 @@ def detect(amx: bool = True) -> HardwareRecord:
         gpus=gpus, dram_total_bytes=total, dram_available_bytes=avail,
         physical_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1, usable_cores=_usable_cores(),
         isa=flags, kernel_path=path, kernel_path_reason=why, amx_usable=amx_ok, amx_reason=amx_why,
-        disk_free_bytes=_disk_free(cache_dir()), cgroup_memory_limit_bytes=cg.limit if cg else None,
+        disk_free_bytes=disk_free(cache_dir()), cgroup_memory_limit_bytes=cg.limit if cg else None,
         gpu_source=source, gpu_note=note)
