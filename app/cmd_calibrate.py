@@ -77,7 +77,7 @@ def _summary(rec: dict, path) -> None:
         mark = "*" if c["name"] == rec["chosen"] else " "
         print(f"{mark}{c['name']:<25} {c['kl_mean']:10.5f} {c['flip_rate'] * 100:6.2f}% {c['mean_r_decode']:8.2f} "
               f"{c['mean_r_prefill']:9.2f} {c['decode_s'] * 1e3:9.2f}")
-    print(f" r fixed: " + "  ".join(f"r={f['r']} {f['decode_s'] * 1e3:.1f} ms" for f in rec["fixed"]))
+    print(" r fixed: " + "  ".join(f"r={f['r']} {f['decode_s'] * 1e3:.1f} ms" for f in rec["fixed"]))
     prof = rec["profile"]
     print(f"profile: theta {prof['theta']:.4g}, beta prefill {prof['beta']['prefill']:.3g} / decode "
           f"{prof['beta']['decode']:.3g}, r in [{prof['r_min']}, {prof['r_max']}] (k = {k}), alpha "

@@ -64,15 +64,10 @@ class UmiaProfile:
                    for v in nums):
             raise ValueError("alpha, beta and theta must be finite numbers >= 0")
         r_min, r_max = d.get("r_min"), d.get("r_max")
-        if not (isinstance(r_min, int) and isinstance(r_max, int) and 0 <= r_min <= r_max):
-            raise ValueError("need 0 <= r_min <= r_max")
+        if not (type(r_min) is int and type(r_max) is int and 0 <= r_min <= r_max):
+            raise ValueError("need whole numbers 0 <= r_min <= r_max")
         return cls(tuple(float(a) for a in alpha), float(beta["prefill"]), float(beta["decode"]),
-                   float(d["theta"]), r_min, min(r_max, k), source)
-
-    def threshold_on_w(self, layer: int, prefill: bool) -> float:
-        """The router weight an expert must exceed in this layer and phase."""
-        s = self.alpha[min(layer, len(self.alpha) - 1)] * (self.beta_prefill if prefill else self.beta_decode)
-        return math.inf if s <= 0 else self.theta / s
+                   float(d["theta"]), min(r_min, k), min(r_max, k), source)
 
 
 def weight_mass(cfg: ModelConfig) -> float:
