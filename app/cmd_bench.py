@@ -45,6 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
     p.add_argument("--json", action="store_true", help="stdout: only a JSON list of row objects")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process: one setting
+    p.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)  # measured by the parent
 
 
 def _threads(args) -> int:
@@ -74,12 +75,17 @@ def run(args) -> int:
             from ..engine.pack import convert
 
             convert(src, progress=prog, log=note)
+    # the 1 GiB probe runs here, so it never counts in a setting's peak RSS
+    from ..engine import kernels
+
+    kernels.set_num_threads(threads)
+    bw = kernels.read_bandwidth_gbs()
     rows = []
     for s in settings:
         label = "full precision" if s is None else f"critical {s}"
         print(f"bench: {label}, {threads} threads, pp{args.n_prompt} + tg{args.n_gen} ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "rapidmoe.app.cli", "bench", "--one", "-m", str(src), "--threads", str(threads),
-               "-p", str(args.n_prompt), "-n", str(args.n_gen)]
+               "-p", str(args.n_prompt), "-n", str(args.n_gen), "--bandwidth", str(bw)]
         cmd += ["--precision", "full"] if s is None else ["--critical", str(s)]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if r.returncode != 0:
@@ -97,7 +103,7 @@ def _run_one(args) -> int:
 
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "k")
-    rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0)
+    rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0, args.bandwidth)
     print(json.dumps(rows))
     return 0
 
@@ -113,7 +119,8 @@ def _table(rows: list[dict]) -> None:
         mr = f"{r['mean_r']:6.2f}" if r.get("mean_r") is not None else f"{'—':>6}"
         mbpt = f"{r['bytes_per_token'] / 1e6:9.1f}" if r["bytes_per_token"] else f"{'—':>9}"
         gbs = f"{r['achieved_gbs']:6.2f}" if r["achieved_gbs"] else f"{'—':>6}"
-        frac = f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] else f"{'—':>6}"
+        frac = (f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] and r["read_bandwidth_gbs"]
+                else f"{'—':>6}")
         print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
               f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
     if rows:

@@ -76,24 +76,23 @@ def resident_model_bytes(model) -> int:
     return int(sum(W.gguf.tensors[n].nbytes for n in W.used))
 
 
-def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int) -> list[dict]:
+def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int,
+                read_gbs: float | None) -> list[dict]:
+    """read_gbs: the machine's read bandwidth, measured by the caller (the probe's
+    buffer must not count in this process's peak RSS); None when not measured."""
     from .model import load_model
 
     kernels.set_num_threads(threads)
     torch.set_num_threads(threads)
-    bw = kernels.read_bandwidth_gbs(1 << 30)
+    bw = read_gbs
     model = load_model(spec, n_ctx=n_prompt + n_gen + 1, critical=critical)
     # touch every weight once so pages are resident before timing (as mmap + warm-up does)
     rng = np.random.default_rng(0)
     V = model.cfg.n_vocab
     prompt = torch.from_numpy(rng.integers(10, V - 10, n_prompt))
     cache = model.net.new_cache(model.n_ctx)
-    model.net.forward(prompt[:16], 0, cache, last_only=True)  # warm-up
-    cache = model.net.new_cache(model.n_ctx)
-    t0 = time.perf_counter()
-    model.net.forward(prompt, 0, cache, last_only=True)
-    t_pp = time.perf_counter() - t0
-    pp_r = _mean_r_all_tokens(model)
+    model.net.forward(prompt[:16], 0, cache, last_only=True)  # warm-up: weights paged in
+    # decode first, so its peak RSS is read before prefill's larger activations exist
     cache = model.net.new_cache(model.n_ctx)
     toks = rng.integers(10, V - 10, n_gen)
     model.net.forward(torch.tensor([int(toks[0])]), 0, cache)  # warm-up token at position 0
@@ -103,6 +102,12 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
         model.net.forward(torch.tensor([int(toks[i])]), i + 1, cache)
         rs.append(model.net.mean_critical())
     t_tg = time.perf_counter() - t0
+    peak_decode = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cache = model.net.new_cache(model.n_ctx)
+    t0 = time.perf_counter()
+    model.net.forward(prompt, 0, cache, last_only=True)
+    t_pp = time.perf_counter() - t0
+    pp_r = _mean_r_all_tokens(model)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     r_vals = [r for r in rs if r is not None]
     mean_r = float(np.mean(r_vals)) if r_vals else None
@@ -113,12 +118,12 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
             "threads": threads,
             "peak_rss_bytes": int(peak), "rss_after_imports_bytes": int(rss0),
             "model_bytes": resident_model_bytes(model), "kv_bytes": model.net.kv_bytes(model.n_ctx),
-            "read_bandwidth_gbs": round(bw, 2)}
+            "read_bandwidth_gbs": round(bw, 2) if bw else None}
     tg = n_gen / t_tg
     rows = [
         {**base, "test": f"pp{n_prompt}", "tokens_per_s": round(n_prompt / t_pp, 2), "bytes_per_token": None,
          "achieved_gbs": None, "mean_r": pp_r},
-        {**base, "test": f"tg{n_gen}", "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
+        {**base, "test": f"tg{n_gen}", "peak_rss_bytes": int(peak_decode), "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
          "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
     ]
     return rows
