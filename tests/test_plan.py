@@ -312,7 +312,7 @@ def test_cpu_plan_matches_what_the_engine_allocates():
     from rapidmoe.engine.demo import demo_model_path
     from rapidmoe.engine.hardware import detect
 
-    ctx = 2048
+    ctx = 1024
     p = plan(sizes_of(demo_model_path()), detect(amx=False), ctx, mode="cpu")  # what the CPU engine runs
     # under the allocator setting the plan assumes (plan_sizes.use_planned_allocator)
     r = subprocess.run([sys.executable, "-c", RSS_CHILD, str(ctx), "256", "planned"], capture_output=True, text=True)
