@@ -205,8 +205,11 @@ def detect_gpus() -> tuple[tuple[GPUInfo, ...], str, str]:
             continue
         order = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), [(i, r[1]) for i, r in enumerate(rows)])
         order = list(range(len(rows))) if order is None else order
-        gpus = tuple(GPUInfo(j, *rows[i][:1], rows[i][2], rows[i][3], rows[i][4], rows[i][1])
-                     for j, i in enumerate(order))
+        gpus = []
+        for j, i in enumerate(order):  # j: the CUDA ordinal this process will see
+            name, uuid, total, free, cc = rows[i]
+            gpus.append(GPUInfo(j, name, total, free, cc, uuid))
+        gpus = tuple(gpus)
         note = "" if gpus else "CUDA_VISIBLE_DEVICES hides every GPU"
         return gpus, source, note
     gpus, why = _torch_gpus()

@@ -157,3 +157,28 @@ def test_detect_on_this_machine():
     if hw.gpu_source == "none":  # no NVML bindings, no nvidia-smi, no CUDA torch: zero GPUs, with the reason
         assert hw.gpus == () and hw.gpu_note
     assert HardwareRecord.from_dict(json.loads(json.dumps(hw.to_dict()))) == hw
+
+
+def test_gpus_from_nvidia_smi_honour_cuda_visible_devices(tmp_path, monkeypatch):
+    """No GPU here: a stand-in nvidia-smi on PATH prints what the real one does
+    for two GPUs; CUDA_VISIBLE_DEVICES=1 leaves the second as CUDA device 0."""
+    try:
+        import pynvml  # noqa: F401
+        pytest.skip("NVML bindings installed: they take precedence over nvidia-smi")
+    except ImportError:
+        pass
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA GeForce RTX 4090, GPU-aa11, 24564, 20000, 8.9\\n"
+                   "NVIDIA A100-SXM4-80GB, GPU-bb22, 81920, 81000, 8.0\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    gpus, source, _ = hardware.detect_gpus()
+    assert source == "nvidia-smi"
+    assert gpus == (GPUInfo(0, "NVIDIA A100-SXM4-80GB", 81920 << 20, 81000 << 20, (8, 0), "GPU-bb22"),)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    gpus, _, _ = hardware.detect_gpus()
+    assert [g.name for g in gpus] == ["NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    gpus, _, note = hardware.detect_gpus()
+    assert gpus == () and "hides every GPU" in note
