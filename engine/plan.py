@@ -327,8 +327,9 @@ def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, 
     for what, fn in tries:
         q = fn()
         if q is not None:
-            text = (f"{what}: mode {q.mode}, --ctx {q.ctx}, W_Q cache {q.wq_cache_fraction:.0%} "
-                    f"(VRAM {gb(q.vram_bytes)}, DRAM {gb(q.dram_bytes)})")
+            text = f"{what}: mode {q.mode}, --ctx {q.ctx}, " + (
+                f"DRAM {gb(q.dram_bytes)}" if q.mode == "cpu" else
+                f"W_Q cache {q.wq_cache_fraction:.0%} (VRAM {gb(q.vram_bytes)}, DRAM {gb(q.dram_bytes)})")
             return replace(p, suggestion=text, suggested={"mode": q.mode, "ctx": q.ctx,
                                                           "wq_cache_fraction": round(q.wq_cache_fraction, 6),
                                                           "vram_bytes": q.vram_bytes, "dram_bytes": q.dram_bytes})
