@@ -158,7 +158,7 @@ def test_bench_rows_carry_the_policy_and_mean_r(tmp_path, capsys):
     rows = []
     for setting in ("auto", "2"):
         assert main(["bench", "--one", "-m", str(src), "--critical", setting, "-p", "8", "-n", "4",
-                     "--threads", "1"]) == 0
+                     "--threads", "1", "--bandwidth", "10.0"]) == 0
         rows += json.loads(capsys.readouterr().out)
     auto, fixed = [r for r in rows if r["policy"] == "umia"], [r for r in rows if r["policy"] == "fixed"]
     assert len(auto) == len(fixed) == 2 and all(r["critical"] == "auto" for r in auto)
