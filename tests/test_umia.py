@@ -167,3 +167,18 @@ def test_bench_rows_carry_the_policy_and_mean_r(tmp_path, capsys):
     _table(rows)
     lines = capsys.readouterr().out.splitlines()
     assert sum(" auto " in ln for ln in lines) == 2 and sum(" r=2 " in ln for ln in lines) == 2
+
+
+def test_eval_takes_critical_auto(tmp_path, capsys):
+    from rapidmoe.app.cli import main
+
+    src = write_synthetic(tmp_path / "e.gguf", "qwen3moe", seed=9, dtype="f16", n_layer=2)
+    outs = {}
+    for crit in ("auto", "0", "4"):
+        assert main(["eval", "-m", str(src), "--prompt", "The quick brown fox jumps over the lazy dog.",
+                     "--critical", crit, "--json"]) == 0
+        outs[crit] = json.loads(capsys.readouterr().out)["ppl"]
+    assert outs["auto"] != outs["0"] and all(np.isfinite(v) for v in outs.values())
+    with pytest.raises(SystemExit) as e:  # argparse: usage and the reason
+        main(["eval", "-m", str(src), "--prompt", "x y", "--critical", "most"])
+    assert e.value.code == 2 and "'auto'" in capsys.readouterr().err
