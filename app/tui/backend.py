@@ -44,10 +44,12 @@ def _download_progress(progress: Progress):
     return cb
 
 
-def placement(critical: int | None) -> str:
-    # no GPU path yet: everything runs on the CPU
+def placement(critical: int | str | None) -> str:
+    # the engine runs CPU-centric here (the GPU executor attaches only on a GPU)
     if critical is None:
         return "full precision · CPU"
+    if critical == "auto":
+        return "RESplit UMIA · CPU-centric"
     return f"RESplit r={critical} · CPU-centric"
 
 
