@@ -21,7 +21,8 @@ def _doctor(*args) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-def test_doctor_json():
+def test_doctor_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path))  # other tests build kernels in the shared cache
     kdir = cache_dir() / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     (kdir / "resplit_sm90_abc.so").write_bytes(b"\0" * 1000)
