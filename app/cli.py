@@ -39,6 +39,9 @@ def _subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ..engine.plan_sizes import use_planned_allocator
+
+    use_planned_allocator()  # freed large buffers go back to the OS: peak memory is what `plan` counts
     try:
         if argv and argv[0] in SUBCOMMANDS:
             p, mod = _subcommand_parser(argv[0])

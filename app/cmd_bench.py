@@ -20,8 +20,8 @@ def _settings(v: str) -> list:
         if part == "full":
             out.append(None)
             continue
-        if part == "auto":
-            out.append("auto")
+        if part in ("auto", "k"):
+            out.append(part)
             continue
         try:
             r = int(part)
@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
                    help="GGUF path, REPO[:QUANT], 'demo', or 'bench' (the default: a synthetic qwen3moe with "
                         "Qwen3-30B-A3B layer shapes, generated once)")
     p.add_argument("--critical", type=_settings, default=None, metavar="R[,R...]",
-                   help="critical-set sizes to measure, e.g. 8,2,0,auto ('auto' = UMIA, 'full' = source weights); default: k")
+                   help="critical-set sizes to measure, e.g. 8,2,0,auto ('k' = all routed, 'auto' = UMIA, 'full' = source weights); default: auto")
     p.add_argument("--precision", choices=("split", "full"), default=None, help="full: the source weights only")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
@@ -68,7 +68,7 @@ def run(args) -> int:
     from .progress import StepProgress
 
     threads = _threads(args)
-    settings = [None] if args.precision == "full" else (args.critical or ["k"])
+    settings = [None] if args.precision == "full" else (args.critical or ["auto"])
     with StepProgress(enabled=sys.stderr.isatty()) as prog:
         src = bench_model_path(progress=prog) if args.model == "bench" else resolve_model_path(args.model, progress=prog)
         if any(s is not None for s in settings):
@@ -102,7 +102,7 @@ def _run_one(args) -> int:
     from ..engine.bench import rss_now, run_setting
 
     rss0 = rss_now()
-    crit = None if args.precision == "full" else (args.critical[0] if args.critical else "k")
+    crit = None if args.precision == "full" else (args.critical[0] if args.critical else "auto")
     rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0, args.bandwidth)
     print(json.dumps(rows))
     return 0

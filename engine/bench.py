@@ -102,13 +102,13 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
         model.net.forward(torch.tensor([int(toks[i])]), i + 1, cache)
         rs.append(model.net.mean_critical())
     t_tg = time.perf_counter() - t0
-    peak_decode = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_decode = _peak_rss()
     cache = model.net.new_cache(model.n_ctx)
     t0 = time.perf_counter()
     model.net.forward(prompt, 0, cache, last_only=True)
     t_pp = time.perf_counter() - t0
     pp_r = _mean_r_all_tokens(model)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_rss()
     r_vals = [r for r in rs if r is not None]
     mean_r = float(np.mean(r_vals)) if r_vals else None
     bpt = decode_bytes_per_token(model, mean_r if mean_r is not None else 0.0)
@@ -135,6 +135,19 @@ def _mean_r_all_tokens(model) -> float | None:
     if not layers or any(e.last_r is None for e in layers):
         return None
     return float(np.mean([e.last_r.mean() for e in layers]))
+
+
+def _peak_rss() -> int:
+    """This process's own RSS high-water mark. ru_maxrss is not it: an exec'd
+    child starts from its parent's mark."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def rss_now() -> int:

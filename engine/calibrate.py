@@ -59,7 +59,7 @@ def machine_fingerprint() -> dict:
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"cpu": cpu, "cores": cores, "isa": str(kernels.isa_info().get("path", "")), "gpus": gpus}
+    return {"cpu": cpu, "cores": cores, "isa": str(kernels.isa_info().get("active", "")), "gpus": gpus}
 
 
 def calibration_path(model_path: str | os.PathLike) -> Path:
