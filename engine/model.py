@@ -63,6 +63,8 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         if policy is not None:
             from .pack import convert, source_identity, verify_pack
 
+            _check_plan_fits(gguf, n_ctx or min(cfg.n_ctx_train, 4096))
+
             pack = convert(path, progress=progress, log=log)
             gguf.close()
             gguf = verify_pack(pack, source_identity(path))
@@ -86,6 +88,19 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
                  file_bytes=gguf.size_bytes, critical=policy.r if policy is not None else None,
                  weights=W)
+
+
+def _check_plan_fits(gguf: GGUFFile, ctx: int) -> None:
+    """Refuse, before converting anything, a model whose CPU-centric plan (what
+    this engine loads) does not fit this machine's DRAM."""
+    from .hardware import detect
+    from .plan import plan
+    from .plan_sizes import sizes_from_gguf
+
+    p = plan(sizes_from_gguf(gguf), detect(amx=False), ctx, mode="cpu")
+    if not p.fits:
+        raise UserError(f"{p.reason}" + (f"; nearest plan that fits: {p.suggestion}" if p.suggestion else "")
+                        + " (see `rapidmoe-chat plan`)")
 
 
 def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path):
