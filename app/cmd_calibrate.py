@@ -8,7 +8,7 @@ import json
 import sys
 
 from ..engine.errors import UserError
-from .cmd_chat import note
+from .cmd_chat import apply_threads, note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,20 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import os
 
-    from ..engine import kernels
     from ..engine.calibrate import DEFAULT_BUDGET, calibrate, calibration_path, read_calibration
     from ..engine.model import resolve_model_path
     from .progress import StepProgress
 
     if args.tokens < args.segment:
         raise UserError("--tokens must be at least one --segment")
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise UserError("--threads must be > 0")
-        kernels.set_num_threads(args.threads)
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     quiet = args.json or not sys.stderr.isatty()

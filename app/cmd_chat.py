@@ -8,7 +8,7 @@ import sys
 import threading
 
 from ..engine.errors import UserError
-from ..engine.events import Finished, PromptProcessed, TextDelta
+from ..engine.events import Finished, TextDelta
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,22 +78,28 @@ def sampling_overrides(args) -> dict:
                 stop=tuple(args.stop) if args.stop else None)
 
 
+def apply_threads(n: int | None) -> None:
+    """--threads for the kernels' pool and torch alike (None: usable cores)."""
+    if n is None:
+        return
+    if n <= 0:
+        raise UserError("--threads must be > 0")
+    from ..engine import kernels
+    import torch
+
+    kernels.set_num_threads(n)
+    torch.set_num_threads(n)
+
+
 def note(msg: str) -> None:
     print(f"rapidmoe-chat: {msg}", file=sys.stderr)
 
 
 def load_for_cli(args, quiet: bool = False, default_split: bool = False):
-    from ..engine import kernels
     from ..engine.model import load_model
     from .progress import StepProgress
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise UserError("--threads must be > 0")
-        kernels.set_num_threads(args.threads)
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     if args.ctx is not None and args.ctx <= 0:

@@ -25,7 +25,7 @@ from filelock import FileLock
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from .errors import ModelFileError, UserError
-from .paths import cache_dir
+from .paths import cache_dir, fsync_dir
 from .synth_tok import locate
 
 DEMO_VERSION = "1"  # bump when the built file's content changes: forces a rebuild
@@ -83,23 +83,10 @@ def demo_model_path(progress: Progress | None = None) -> Path:
                 os.replace(tmp, out)
             finally:
                 tmp.unlink(missing_ok=True)
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
     except OSError as e:  # read-only or full cache dir: say so in one line
         raise UserError(f"cannot build the demo model in {out.parent}: {e.strerror or e}") from None
     return out
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _scale_q4_1(blocks: np.ndarray, factor: int) -> np.ndarray:

@@ -4,7 +4,7 @@ The TUI and the CLI consume only these; they never call into the model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .config import ModelConfig, config_from_metadata
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .gguf.writer import TensorSlot, build_header, encode_kv
-from .paths import cache_dir
+from .paths import cache_dir, fsync_dir
 
 PACK_VERSION = 1  # the pack's layout; the expert formats carry their own version
 I8 = 24  # GGML type id used for raw byte tensors
@@ -201,7 +201,7 @@ def _write(src_path: Path, ident: dict, out: Path, progress, log) -> None:
             os.close(fd)
         os.replace(partial, out)
         done_file.unlink(missing_ok=True)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except OSError as e:
         if e.errno == 28:  # ENOSPC
             raise UserError(f"disk full while writing the pack ({plan.size / 1e9:.2f} GB needed in {out.parent}); "
@@ -257,14 +257,3 @@ def _write_experts(fd: int, plan: PackPlan, done: set[int], done_file: Path, hea
         os.fsync(fd)
         done.add(il)
         done_file.write_text(json.dumps({"header_sha256": header_sha, "layers": sorted(done)}))
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -29,3 +29,17 @@ def data_dir() -> Path:
 
 def cache_dir() -> Path:
     return _dir("RAPIDMOE_CACHE_DIR", platformdirs.user_cache_dir(APP))
+
+
+def fsync_dir(d: Path) -> None:
+    """Make a rename in `d` durable (best effort: some filesystems refuse)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -106,7 +105,7 @@ def test_missing_key(tmp_path, good):
 
 
 def test_split_files_open_from_first_part(tmp_path, good):
-    out = rewrite(good, tmp_path / "sp.gguf", split_max_tensors=8)
+    rewrite(good, tmp_path / "sp.gguf", split_max_tensors=8)
     parts = sorted(tmp_path.glob("sp-*-of-*.gguf"))
     assert len(parts) > 2 and parts[0].name.endswith(f"-00001-of-{len(parts):05d}.gguf")
     whole, split = load_model(good, n_ctx=32), load_model(parts[0], n_ctx=32)
