@@ -1,4 +1,5 @@
-"""Pick a model: the offline demo, GGUFs already in the Hugging Face cache, or a
+"""Pick a model: the offline demo, GGUFs already in the Hugging Face cache,
+recommended Hub models with whether they fit this machine (from `plan`), or a
 path / `repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
 from __future__ import annotations
 
@@ -36,6 +37,21 @@ def available_models() -> list[tuple[str, str]]:
     return out
 
 
+def recommended_models(hw=None) -> list[tuple[str, str]]:
+    """(spec, label) of recommended Hub models: download size and whether the
+    residual-split plan fits this machine (planned from metadata, nothing fetched)."""
+    from ...engine.hardware import detect
+    from ...engine.recommend import recommendations
+
+    out = []
+    for r in recommendations(hw or detect(amx=False)):
+        p = r.plan
+        where = "CPU-centric" if p.mode == "cpu" else f"{p.mode}, W_Q {p.wq_cache_fraction:.0%} on GPU"
+        fit = f"fits ({where})" if p.fits else "does not fit: " + "; ".join(p.over_budget())
+        out.append((r.spec, f"{r.title} · ≈{fmt_bytes(r.sizes.source_bytes)} · {fit}"))
+    return out
+
+
 class ModelPicker(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
 
@@ -50,6 +66,14 @@ class ModelPicker(ModalScreen[str | None]):
             for spec, label in available_models():
                 mark = "● " if spec == self.current else "  "
                 opts.append(Option(mark + label, id=spec or None, disabled=not spec))
+            try:
+                rec = recommended_models()
+            except Exception as e:  # hardware detection must not keep the picker from opening
+                rec = [("", f"(recommendations unavailable: {type(e).__name__})")]
+            if rec:
+                opts.append(Option("Recommended from the Hugging Face Hub", disabled=True))
+                for spec, label in rec:
+                    opts.append(Option("  " + label, id=spec or None, disabled=not spec))
             yield OptionList(*opts, id="model-list")
             yield Input(placeholder="a GGUF path, or REPO[:QUANT] to pull from the Hugging Face Hub",
                         id="model-spec")
