@@ -16,7 +16,7 @@ from .backend import Backend, EngineBackend
 from .chat_screen import SCREEN_KEYS, ChatScreen
 from .commands import ChatCommands
 
-# command-line attribute -> SamplingParams field (the lead's parser may spell either)
+# command-line attribute -> SamplingParams field (either spelling is accepted)
 _ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
                "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed",
                "max_tokens": "max_tokens", "n_predict": "max_tokens", "stop": "stop"}
