@@ -92,18 +92,20 @@ class KVCache:
 def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int, scale: float) -> torch.Tensor:
     """Causal attention of T new queries at positions pos0.. over the cache.
     q [T, H, hd], k_all [S, Hkv, hd], v_all [S, Hkv, hdv] with S = pos0 + T -> [T, H*hdv]."""
-    T, H, _ = q.shape
+    T, H, hd = q.shape
     S, Hkv, _ = k_all.shape
     rep = H // Hkv
-    qh = q.transpose(0, 1)  # [H, T, hd]
-    kh = k_all.transpose(0, 1).repeat_interleave(rep, dim=0)  # [H, S, hd]
-    vh = v_all.transpose(0, 1).repeat_interleave(rep, dim=0)  # [H, S, hdv]
+    kh, vh = k_all.transpose(0, 1), v_all.transpose(0, 1)  # [Hkv, S, hd]: views of the cache
     if T == 1:
-        mask = None
-    else:
-        qpos = torch.arange(pos0, pos0 + T)[:, None]
-        mask = torch.arange(S)[None, :] <= qpos  # [T, S]
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)  # [H, T, hdv]
+        # decode: the rep query heads of a group read their K/V head in place (no copy of the cache)
+        qg = q.view(Hkv, rep, hd)  # [Hkv, rep, hd]
+        p = torch.softmax(torch.matmul(qg, kh.transpose(1, 2)) * scale, dim=-1)  # [Hkv, rep, S]
+        return torch.matmul(p, vh).reshape(1, -1)  # [1, H*hdv]
+    qh = q.transpose(0, 1)  # [H, T, hd]
+    qpos = torch.arange(pos0, pos0 + T)[:, None]
+    mask = torch.arange(S)[None, :] <= qpos  # [T, S]
+    out = F.scaled_dot_product_attention(qh, kh.repeat_interleave(rep, dim=0), vh.repeat_interleave(rep, dim=0),
+                                         attn_mask=mask, scale=scale)  # [H, T, hdv]
     return out.transpose(0, 1).reshape(T, -1)
 
 
