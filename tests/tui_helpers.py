@@ -1,0 +1,55 @@
+"""Shared Pilot helpers for the TUI tests."""
+from __future__ import annotations
+
+import time
+
+from scripted_engine import ScriptedBackend
+
+from rapidmoe.app.config import load_config
+from rapidmoe.app.store import ChatStore
+from rapidmoe.app.tui.app import ChatApp
+from rapidmoe.app.tui.message import MessageView, Note
+
+SIZE = (110, 32)
+
+
+def make_app(tmp_path, backend=None, config_text="", **kw) -> ChatApp:
+    cfg_path = tmp_path / "config.toml"
+    if config_text:
+        cfg_path.write_text(config_text)
+    return ChatApp(backend=backend or ScriptedBackend(), config=load_config(cfg_path, env={}),
+                   store=ChatStore(tmp_path / "history.db"), **kw)
+
+
+async def wait_for(pilot, cond, timeout=10.0, step=0.01):
+    t0 = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        await pilot.pause(step)
+
+
+async def ready(pilot):
+    await wait_for(pilot, lambda: pilot.app.screen.model is not None and pilot.app.screen.engine_chat is not None)
+    return pilot.app.screen
+
+
+async def send(pilot, text):
+    scr = pilot.app.screen
+    scr.prompt.load_text(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: scr.generating or scr.last_final is not None)
+
+
+def views(scr):
+    return [(v.role, v.text) for v in scr.query(MessageView)]
+
+
+def notes(scr):
+    return [str(n.render()) for n in scr.query(Note)]
+
+
+async def reply(pilot, text):
+    """Send a prompt and wait until its reply has finished."""
+    await send(pilot, text)
+    await wait_for(pilot, lambda: not pilot.app.screen.generating)
