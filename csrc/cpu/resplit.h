@@ -74,6 +74,11 @@ using RowDotFn = void (*)(const uint8_t* row /*[row_bytes]*/, size_t nb /*blocks
                           const float* xp /*[T, xs] prepared*/, size_t xs, size_t T, float* y /*[T] at stride ys*/,
                           size_t ys);
 RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
+// One token against nr consecutive rows (stride rb): y[r] = W_r . x. Where an ISA has
+// such a kernel it shares activation loads across rows; nullptr where it has none.
+using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
+RowsDotFn rows_dot_fn(Fmt fmt);
+void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 
 // Batched expert GEMM: for each selected slot s (one expert id each),
 //   y[s][t][o] = sum_i W[ids[s]][o][i] * x[s][t][i]   for t < ntok[s].

@@ -182,28 +182,54 @@ RowDotFn row_dot_fn(Fmt fmt) {
   return fmt == Fmt::WQ ? row_dot_wq_scalar : fmt == Fmt::WR ? row_dot_wr_scalar : row_dot_d4_scalar;
 }
 
+RowsDotFn rows_dot_fn(Fmt fmt) {
+#if RMOE_X86
+  static const bool vnni = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
+  if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
+#endif
+  (void)fmt;
+  return nullptr;
+}
+
 // ---------------------------------------------------------------- expert GEMM
+namespace {
+constexpr size_t kRowGroup = 4;  // output rows per work item
+}
+
 void run_jobs(const GemmJob* jobs, size_t nj) {
-  std::vector<size_t> start(nj + 1, 0);  // work items: (job, slot, output row)
-  for (size_t j = 0; j < nj; ++j) start[j + 1] = start[j] + jobs[j].S * jobs[j].out_dim;
+  std::vector<size_t> start(nj + 1, 0);  // work items: (job, slot, group of kRowGroup output rows)
+  for (size_t j = 0; j < nj; ++j) start[j + 1] = start[j] + jobs[j].S * ((jobs[j].out_dim + kRowGroup - 1) / kRowGroup);
   parallel_for(start[nj], [&](size_t begin, size_t end, int) {
-    std::vector<float> tmp;
+    float tmp[8 * kRowGroup];
     size_t j = 0;
     for (size_t it = begin; it < end; ++it) {
       while (it >= start[j + 1]) ++j;
       const GemmJob& g = jobs[j];
-      const size_t local = it - start[j], s = local / g.out_dim, o = local % g.out_dim;
+      const size_t groups = (g.out_dim + kRowGroup - 1) / kRowGroup;
+      const size_t local = it - start[j], s = local / groups, o0 = (local % groups) * kRowGroup;
+      const size_t no = std::min(kRowGroup, g.out_dim - o0);
       const size_t nt = (size_t)std::max<int64_t>(g.ntok[s], 0);
       if (nt == 0) continue;
       const size_t bl = g.fmt == Fmt::WR ? 64 : 32, nb = (g.in_dim + bl - 1) / bl;
       const size_t rb = row_bytes(g.fmt, g.in_dim), pf = prep_floats(g.fmt, g.in_dim);
-      tmp.resize(nt);
-      row_dot_fn(g.fmt)(g.W + ((size_t)g.ids[s] * g.out_dim + o) * rb, nb, g.xp + (size_t)g.xoff[s] * pf, pf, nt,
-                        tmp.data(), 1);
-      float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o;
-      for (size_t t = 0; t < nt; ++t) ys[t * g.out_dim] = g.accumulate ? ys[t * g.out_dim] + tmp[t] : tmp[t];
+      const uint8_t* w = g.W + ((size_t)g.ids[s] * g.out_dim + o0) * rb;
+      const float* xs = g.xp + (size_t)g.xoff[s] * pf;
+      float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o0;
+      const RowsDotFn rows = nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
+      const RowDotFn one = row_dot_fn(g.fmt);
+      for (size_t t0 = 0; t0 < nt; t0 += 8) {  // tmp holds [rows][8 tokens]
+        const size_t tn = std::min<size_t>(8, nt - t0);
+        if (rows) rows(w, rb, no, nb, xs, tmp);
+        else
+          for (size_t o = 0; o < no; ++o) one(w + o * rb, nb, xs + t0 * pf, pf, tn, tmp + o * tn, 1);
+        for (size_t o = 0; o < no; ++o)
+          for (size_t t = 0; t < tn; ++t) {
+            float& dst = ys[(t0 + t) * g.out_dim + o];
+            dst = g.accumulate ? dst + tmp[o * tn + t] : tmp[o * tn + t];
+          }
+      }
     }
-  }, 8);
+  }, 2);
 }
 
 void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_dim, const int32_t* ids,

@@ -62,6 +62,48 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
 }
+// WQ decode GEMV (one token) of R rows at once with VNNI, without extracting digits:
+// the digit of state u is d = (3u - u') / 256 with u' = 3u mod 256 the next state, so
+// sum_i d_i x_i = (3 sum u_i x_i - sum u'_i x_i) / 256, two dot products of whole
+// bytes (u < 256 times int8 x: exact in int32) instead of a compare chain per digit.
+// The rows share each activation load; their sums are reduced together.
+template <int R>
+void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  const __m512i keep = _mm512_set1_epi64(0x00F0FFFFFFFFFFFFll);
+  const __m512i lo4 = _mm512_set1_epi32(0xF), hi8 = _mm512_set1_epi32(0x7F80);
+  const __m512 inv256 = _mm512_set1_ps(1.0f / 256.0f);
+  __m512 tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; b += 8) {
+    const size_t nbl = nb - b < 8 ? nb - b : 8;
+    const __mmask64 lm = nbl == 8 ? ~0ull : (1ull << (8 * nbl)) - 1;
+    const float* g = xp + (b / 8) * 112;
+    __m512i xq[5];
+    for (int i = 0; i < 5; ++i) xq[i] = _mm512_loadu_si512(g + 16 * i);
+    const __m512 sx = _mm512_mul_ps(_mm512_loadu_ps(g + 80), inv256), c = _mm512_loadu_ps(g + 96);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* qr = q + r * rb + 8 * b;
+      _mm_prefetch(reinterpret_cast<const char*>(qr) + 512, _MM_HINT_T0);
+      const __m512i raw = _mm512_maskz_loadu_epi8(lm, qr);
+      const __m512i t16 = _mm512_srli_epi32(raw, 16);
+      __m512i h = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t16, lo4), 3),
+                                  _mm512_and_si512(_mm512_srli_epi32(t16, 1), hi8));
+      h = _mm512_shuffle_epi32(h, _MM_PERM_DDBB);
+      const __m512 dq = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+      __m512i u = _mm512_and_si512(raw, keep), P = _mm512_setzero_si512(), Q = _mm512_setzero_si512();
+      for (int i = 0; i < 5; ++i) {
+        const __m512i un = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
+        P = _mm512_dpbusd_epi32(P, u, xq[i]);
+        Q = _mm512_dpbusd_epi32(Q, un, xq[i]);
+        u = un;
+      }
+      const __m512i a = _mm512_sub_epi32(_mm512_add_epi32(P, _mm512_add_epi32(P, P)), Q);  // 256 * sum d x
+      tot[r] = _mm512_fmadd_ps(dq, _mm512_fmsub_ps(_mm512_cvtepi32_ps(a), sx, c), tot[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+}
+
 template <int NT>
 void wq_tile_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   wq_tile<NT, true>(q, nb, xp, xs, y, ys);
@@ -182,6 +224,11 @@ void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
   static const bool vnni = cpu_features().avx512vnni;
   (vnni ? row_dot_wq_vnni : row_dot_wq_bw)(q, nb, xp, xs, T, y, ys);
 }
+void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
+  for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
+}
 RMOE_TILED(row_dot_wr_avx512, wr_tile)
 void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   static const bool vnni = cpu_features().avx512vnni;
@@ -203,6 +250,7 @@ void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
 void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
 }
+void rows_dot_wq_avx512(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif
