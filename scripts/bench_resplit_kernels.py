@@ -34,7 +34,8 @@ ids = np.arange(0, 128, 16, dtype=np.int32)[:E]
 for fmt, (q, n) in mats.items():
     x = rng.standard_normal((E, n)).astype(np.float32)
     y = kernels.resplit_expert_matmul(fmt, q, n, ids, x)
-    xr = o.q8_activations(x) if fmt != "wr" and res["isa"] != "scalar" else x  # SIMD WQ/D4 run on int8 x
+    int8 = kernels.isa_info()["wr_int8"] if fmt == "wr" else res["isa"] != "scalar"
+    xr = o.q8_activations(x) if int8 else x  # SIMD WQ/D4 (and WR with VBMI) run on int8 x
     ref = np.stack([o.dequantize(fmt, q[e], n).astype(np.float64) @ xr[s] for s, e in enumerate(ids)])
     assert np.allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()), fmt
     nbytes = sum(q[e].nbytes for e in ids)

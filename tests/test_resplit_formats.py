@@ -36,18 +36,31 @@ def test_format_version_is_shared():
 
 
 def test_fraction_codes_decode_exactly():
-    # Every 5-trit, 2-trit and 8-quint code survives encode -> byte/field -> digit decode.
+    # Every 5-trit and 2-trit WQ code survives encode -> byte/field -> digit decode.
     c = np.arange(243)
     d = o._digits((c * 256 + 242) // 243, 3, 8, 5)
     assert np.array_equal((d * 3 ** np.arange(4, -1, -1)).sum(1), c)
     c2 = np.arange(9)
     d2 = o._digits(((c2 * 16 + 8) // 9) << 4, 3, 8, 2)
     assert np.array_equal(d2[:, 0] * 3 + d2[:, 1], c2)
-    c8 = np.arange(5 ** 8)
-    v = (c8 * (1 << 19) + 390624) // 390625
-    assert v.max() < 1 << 19
-    d8 = o._digits(v, 5, 19, 8)
-    assert np.array_equal((d8 * 5 ** np.arange(7, -1, -1)).sum(1), c8)
+
+
+@pytest.mark.parametrize("nb", [1, 2, 3, 4, 5, 7])
+def test_wr_groups_decode_every_digit(nb):
+    # WR rows of nb blocks (groups of 3, 2 and 1): every level digit and sub-scale code
+    # in every position decodes to D * 2^(-k/4) * level, in the oracle and in C++.
+    rng = np.random.default_rng(nb)
+    R, n = 125, 64 * nb
+    d = (np.arange(R * n).reshape(R, n) + rng.integers(0, 5, (R, 1))) % 5  # all digits everywhere
+    for p in range(min(3, nb)):  # code 0 of the first group takes every value 0..124 over the rows
+        d[:, 64 * p] = (np.arange(R) // 5 ** p) % 5
+    k = rng.integers(0, 16, (R, n // 16))
+    D = (rng.random(R) + 0.5).astype(np.float16).astype(np.float32)
+    q = o._pack_wr(d, k, D)
+    assert q.shape == (R, o.row_bytes("wr", n))
+    want = (D[:, None] * o.WR_TABLE[np.repeat(k, 16, axis=1)]).astype(np.float32) * o.WR_LEVELS[d]
+    assert np.array_equal(o.dequantize_wr(q, n), want)
+    assert np.array_equal(kernels.resplit_dequantize("wr", q, n), want)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 Tolerance: the kernels decode weights exactly as the oracle does and sum in
 float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
-The SIMD paths run WQ and D4 on int8 activations (per 32: sx = max|x|/127, rint(x/sx));
-their reference applies the same rounding to x (oracle q8_activations), so the bound holds.
+The SIMD paths run WQ and D4 on int8 activations (per 32: sx = max|x|/127, rint(x/sx)),
+and WR too where AVX-512 VBMI + VNNI are present; their reference applies the same
+rounding to x (oracle q8_activations), so the bound holds.
 """
 import os
 import subprocess
@@ -23,6 +24,10 @@ def close(y, ref):
 
 def wq_x(x):
     return x if kernels.isa_info()["active"] == "scalar" else o.q8_activations(x)
+
+
+def wr_x(x):
+    return o.q8_activations(x) if kernels.isa_info()["wr_int8"] else x
 
 
 def silu(g):
@@ -47,8 +52,9 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
             e = ids[t, j]
             crit = j < ncrit[t]
             xq = wq_x(x[t]).astype(np.float64)
-            g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ x[t] if crit else 0)
-            u = deq("wq", L["up_q"][e], H) @ xq + (deq("wr", L["up_r"][e], H) @ x[t] if crit else 0)
+            xr = wr_x(x[t]).astype(np.float64)
+            g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ xr if crit else 0)
+            u = deq("wq", L["up_q"][e], H) @ xq + (deq("wr", L["up_r"][e], H) @ xr if crit else 0)
             h = (silu(g) * u).astype(np.float32)
             y = deq("d4", L["down4"][e], F) @ wq_x(h) if crit else deq("wq", L["down_q"][e], F) @ wq_x(h)
             out[t] += wts[t, j] * y
@@ -58,7 +64,8 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
 def check_all(seed=0):
     """Every kernel of the active ISA path against the oracle (also run per ISA in a subprocess)."""
     rng = np.random.default_rng(seed)
-    for fmt, (out_dim, in_dim) in (("wq", (40, 96)), ("wr", (24, 576)), ("d4", (33, 1408)), ("wq", (7, 100)), ("wq", (9, 1408)), ("wr", (5, 704))):
+    for fmt, (out_dim, in_dim) in (("wq", (40, 96)), ("wr", (24, 576)), ("d4", (33, 1408)), ("wq", (7, 100)), ("wq", (9, 1408)), ("wr", (5, 704)),
+                                ("wr", (6, 128)), ("wr", (3, 2048)), ("wr", (9, 100)), ("wr", (4, 256))):
         E = 5
         w = (rng.standard_normal((E, out_dim, in_dim)) * 0.1).astype(np.float32)
         if fmt == "wr":
@@ -66,7 +73,7 @@ def check_all(seed=0):
         else:
             q = kernels.resplit_quantize(fmt, w)
         dense = o.dequantize(fmt, q, in_dim).astype(np.float64)
-        ax = wq_x if fmt in ("wq", "d4") else (lambda v: v)  # noqa: E731
+        ax = wq_x if fmt in ("wq", "d4") else wr_x
         # decode: one activation row per slot, repeated experts allowed
         ids = np.array([3, 0, 3, 4], np.int32)
         x = rng.standard_normal((4, in_dim)).astype(np.float32)

@@ -39,6 +39,8 @@ py::dict isa_info() {
   d["avx2"] = f.avx2 && f.fma && f.f16c && f.os_avx;
   d["avx512"] = f.avx512f && f.avx512bw && f.avx512vl && f.os_avx512;
   d["avx512_vnni"] = f.avx512vnni;
+  d["avx512_vbmi"] = f.avx512vbmi;
+  d["wr_int8"] = rmoe::resplit::wr_int8_acts();  // WR kernels run on int8 activations
   d["avx512_bf16"] = f.avx512bf16;
   d["amx_tile_cpuid"] = f.amx_tile;
   return d;

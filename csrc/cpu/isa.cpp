@@ -40,6 +40,7 @@ CpuFeatures detect() {
     f.avx512bw = b & (1u << 30);
     f.avx512vl = b & (1u << 31);
     f.avx512vnni = c & (1u << 11);
+    f.avx512vbmi = c & (1u << 1);
     f.amx_tile = d & (1u << 24);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = a & (1u << 5);

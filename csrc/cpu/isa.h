@@ -9,7 +9,7 @@ enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512vnni = false, avx512bf16 = false;
+  bool avx512vnni = false, avx512vbmi = false, avx512bf16 = false;
   bool os_avx = false, os_avx512 = false;  // XCR0 says the OS saves the registers
   bool amx_tile = false;                   // advertised by CPUID only; never executed here
 };

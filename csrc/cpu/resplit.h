@@ -13,15 +13,18 @@
 //   s (12 bits) = float16 bits 14:3 of the block scale dq;  w = dq * t
 //   digit decode: u <- 3u; d = u >> 8; u &= 255  (5 times from u = byte)
 //
-// WR  2.625 bpw + 2 bytes per row (2.633 at n = 2048), residual of gate/up. Row = f16 D, then
-//     ceil(n/64) blocks of 21 bytes, 5 levels L[d] = {-2.25,-1,0,1,2.25}, d in 0..4:
+// WR  2.6 bpw + 2 bytes per row (2.602 at n = 2048), residual of gate/up: 5 levels
+//     L[d] = {-2.25,-1,0,1,2.25}, one 4-bit sub-scale code k_s per 16 weights,
+//     w = D * 2^(-k_s/4) * L[d]. Row = f16 D, then the 64-weight blocks in groups of
+//     up to 3 (the last group holds the remaining m = 1..3 blocks). Per group: 64 codes
+//     of w = 2m+1 bits, code j = sum_p d(block p, weight j) * 5^p, packed LSB-first,
+//     then m 16-bit LE sub-scale words (k_s at bits 4s+3:4s for weights 16s..16s+15):
 //
-//   bytes 0-15 : lo16[g]  g = 0..7         code v_g bits 15:0
-//   bytes 16-18: 24-bit LE, bits 3g+2:3g   code v_g bits 18:16
-//   bytes 19-20: 16-bit LE, bits 4s+3:4s   sub-scale code k_s, s = 0..3
-//   v_g = ceil(c*2^19/5^8), c = sum_i d_ig*5^(7-i); digit i = weight 8i+g
-//   w = D * 2^(-k_s/4) * L[d]   for weights 16s..16s+15
-//   digit decode: u <- 5u; d = u >> 19; u &= 2^19-1  (8 times from u = v)
+//   bits:  0 .. w-1 | w .. 2w-1 | ... | 63w .. 64w-1 || word block 0 | ... | word block m-1
+//          code 0   | code 1    | ... | code 63      || (8w bytes of codes, then 2m bytes)
+//
+//   A full group is 62 bytes per 192 weights. The SIMD kernel spreads the codes to
+//   one byte each and looks each digit position up in a 128-entry table.
 //
 // D4  4.5 bpw + 4 bytes per row (4.516 at n = 2048), CPU copy of down_proj. Row = f16 D, f16 M,
 //     then ceil(n/32) blocks of 18 bytes:
@@ -38,8 +41,11 @@ namespace resplit {
 enum class Fmt : int { WQ = 0, WR = 1, D4 = 2 };
 
 // Bumped whenever bytes or their meaning change (packs key on it). 2: WR levels
-// {-2.25,-1,0,1,2.25} and the joint WQ+WR search.
-constexpr int kFormatVersion = 2;
+// {-2.25,-1,0,1,2.25} and the joint WQ+WR search. 3: WR digits in groups of 64
+// table-decoded codes (same values as 2, new bytes).
+constexpr int kFormatVersion = 3;
+inline size_t wr_code_bits(size_t m) { return 2 * m + 1; }                  // m blocks in the group
+inline size_t wr_group_bytes(size_t m) { return 8 * wr_code_bits(m) + 2 * m; }
 
 size_t row_bytes(Fmt fmt, size_t n);  // bytes of one quantized row of n weights
 
@@ -61,12 +67,15 @@ DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
 
 // Activations prepared once per token for the fused kernels (prep_x). The SIMD
 // paths run WQ and D4 on int8 activations (per 32 weights: sx = max|x|/127,
-// xq = rint(x/sx); prep_wq_q8/prep_d4_q8 in resplit_gemv.cpp); WR and the
-// scalar path use f32:
+// xq = rint(x/sx); prep_wq_q8/prep_d4_q8 in resplit_gemv.cpp), and WR too where
+// AVX-512 VBMI and VNNI are present (prep_wr_q8); the others use f32:
 //   WQ: per pair of 32-blocks 80 floats [digit i 0..4][block of pair 0..1][byte lane 0..7]:
 //       lane j<6 = x[6i+j], lane 6 = x[30+i] (i<2, else 0), lane 7 = -sum(x of block) at i=0
 //       (byte lane 7 decodes to digit 1 at i=0 and is weighted 0 elsewhere).
-//   WR: x zero-padded to a multiple of 64.   D4: x padded to 32s, then one sum per 32-block.
+//   WR: x zero-padded to a multiple of 64; int8: per 64-block 48 floats, int8 xq[64],
+//       float sx[16] (lanes 0-7: sx of weights 0-31, 8-15: of 32-63), int32 c[16] =
+//       -9 * (sum of xq[4l..4l+3]) (levels are stored as 4L+9, unsigned).
+//   D4: x padded to 32s, then one sum per 32-block.
 size_t prep_floats(Fmt fmt, size_t n);
 void prep_x(Fmt fmt, const float* x /*[n]*/, size_t n, float* out /*[prep_floats]*/);
 // Fused decode x dot: y[t*ys] = W_row . x_t for t < T, x_t = xp + t*xs (prepared), nb blocks.
@@ -79,6 +88,10 @@ RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
+// WR on int8 activations (resplit_wr_vbmi.cpp): only where AVX-512 VBMI and VNNI are present.
+bool wr_int8_acts();
+void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 
 // Batched expert GEMM: for each selected slot s (one expert id each),
 //   y[s][t][o] = sum_i W[ids[s]][o][i] * x[s][t][i]   for t < ntok[s].

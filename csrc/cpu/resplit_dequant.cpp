@@ -33,23 +33,41 @@ void dequant_row_wq_scalar(const uint8_t* q, size_t nb, float* out) {
   }
 }
 
+namespace {
+// WR level of digit position p of every 7-bit code (codes >= 125 never occur).
+struct WrLevelTable {
+  float lv[3][128];
+  WrLevelTable() {
+    static const float kLv[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};
+    for (int c = 0; c < 128; ++c)
+      for (int p = 0, div = 1; p < 3; ++p, div *= 5) lv[p][c] = kLv[(c / div) % 5];
+  }
+};
+const WrLevelTable kWrLv;
+}  // namespace
+
 void dequant_row_wr_scalar(const uint8_t* q, size_t nb, float* out) {
-  static const float kLv[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};  // WR levels by digit
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
   q += 2;
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
-    float dr[4];
-    for (int s = 0; s < 4; ++s) dr[s] = D * kWrTable[(sc >> (4 * s)) & 0xF];
-    for (int g = 0; g < 8; ++g) {
-      uint32_t u = (q[2 * g] | ((uint32_t)q[2 * g + 1] << 8)) | (((hi >> (3 * g)) & 7u) << 16);
-      for (int i = 0; i < 8; ++i) {
-        u *= 5;
-        out[8 * i + g] = dr[i >> 1] * kLv[u >> 19];
-        u &= (1u << 19) - 1;
+  uint8_t code[64];
+  for (size_t b0 = 0; b0 < nb; b0 += 3) {
+    const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
+    for (size_t j = 0; j < 64; ++j) {
+      // code j: bits w*j .. w*j+w-1; the second byte read is still inside the group
+      // (its sub-scale words follow the codes)
+      const size_t bit = w * j;
+      code[j] = (uint8_t)(((q[bit / 8] | ((uint32_t)q[bit / 8 + 1] << 8)) >> (bit % 8)) & ((1u << w) - 1));
+    }
+    for (size_t p = 0; p < m; ++p) {
+      const uint32_t sc = q[8 * w + 2 * p] | ((uint32_t)q[8 * w + 2 * p + 1] << 8);
+      const float* lv = kWrLv.lv[p];
+      float* o = out + 64 * (b0 + p);
+      for (int s = 0; s < 4; ++s) {
+        const float dr = D * kWrTable[(sc >> (4 * s)) & 0xF];
+        for (int j = 16 * s; j < 16 * s + 16; ++j) o[j] = dr * lv[code[j]];
       }
     }
+    q += wr_group_bytes(m);
   }
 }
 

@@ -35,28 +35,7 @@ void dequant_row_wq_avx2(const uint8_t* q, size_t nb, float* out) {
   }
 }
 
-void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  q += 2;
-  const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
-  const __m256i seven = _mm256_set1_epi32(7), mask = _mm256_set1_epi32((1 << 19) - 1);
-  const __m256 lv = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);  // WR levels by digit
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
-    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
-    u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh), seven), 16));
-    for (int s = 0; s < 4; ++s) {
-      const __m256 dr = _mm256_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]);
-      for (int h = 0; h < 2; ++h) {
-        u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
-        const __m256i d = _mm256_srli_epi32(u, 19);
-        u = _mm256_and_si256(u, mask);
-        _mm256_storeu_ps(out + 16 * s + 8 * h, _mm256_mul_ps(dr, _mm256_permutevar8x32_ps(lv, d)));
-      }
-    }
-  }
-}
+void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }  // table decode
 
 void dequant_row_d4_avx2(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));

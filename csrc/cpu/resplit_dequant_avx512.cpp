@@ -40,32 +40,7 @@ void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* out) {
   if (b < nb) dequant_row_wq_avx2(q, nb - b, out);
 }
 
-void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
-  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
-  q += 2;
-  // Lanes 0-7: digit 2s of groups 0-7; lanes 8-15: digit 2s+1. One 16-float store per sub-block.
-  const __m512i sh = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
-  const __m512i seven = _mm512_set1_epi32(7), mask = _mm512_set1_epi32((1 << 19) - 1);
-  const __m512 lv = _mm512_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);  // WR levels
-  const __m512i p01 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 5, 5, 5, 5, 5, 5, 5, 5);
-  const __m512i p25 = _mm512_set1_epi32(25);
-  for (size_t b = 0; b < nb; ++b, q += 21, out += 64) {
-    const uint32_t hi = q[16] | ((uint32_t)q[17] << 8) | ((uint32_t)q[18] << 16);
-    const uint32_t sc = q[19] | ((uint32_t)q[20] << 8);
-    const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), lo, 1);
-    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi), sh), seven), 16));
-    // u = v * 5^(2s) (lanes 0-7) or v * 5^(2s+1) (lanes 8-15), mod 2^19.
-    __m512i u = _mm512_and_si512(_mm512_mullo_epi32(v, p01), mask);
-    for (int s = 0; s < 4; ++s) {
-      const __m512 dr = _mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]);
-      const __m512i u5 = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));
-      const __m512i d = _mm512_srli_epi32(u5, 19);
-      _mm512_storeu_ps(out + 16 * s, _mm512_mul_ps(dr, _mm512_permutexvar_ps(d, lv)));
-      u = _mm512_and_si512(_mm512_mullo_epi32(u, p25), mask);
-    }
-  }
-}
+void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }  // table decode
 
 void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));

@@ -80,12 +80,31 @@ void prep_wq_q8(const float* x, size_t n, float* out) {
     g[96 + 2 * (b % 8)] = sx * (float)sum;
   }
 }
+// WR int8 activations (wr_int8_acts()), per 64-block 48 floats: int8 xq[64], float sx[16]
+// (lanes 0-7: sx of weights 0-31, 8-15: of 32-63), int32 c[16] = -9 * sum xq[4l..4l+3].
+void prep_wr_q8(const float* x, size_t n, float* out) {
+  const size_t nb = (n + 63) / 64;
+  for (size_t b = 0; b < nb; ++b) {
+    float* g = out + 48 * b;
+    int8_t* xq = reinterpret_cast<int8_t*>(g);
+    for (int h = 0; h < 2; ++h) {
+      float sx;
+      const size_t at = 64 * b + 32 * h;
+      q8_block(x + std::min(at, n), at < n ? n - at : 0, xq + 32 * h, &sx);
+      for (int l = 0; l < 8; ++l) g[16 + 8 * h + l] = sx;
+    }
+    for (int l = 0; l < 16; ++l) {
+      const int32_t c = -9 * (xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
+      std::memcpy(g + 32 + l, &c, 4);
+    }
+  }
+}
 }  // namespace
 
 size_t prep_floats(Fmt fmt, size_t n) {
   switch (fmt) {
     case Fmt::WQ: return int8_acts() ? ((n + 31) / 32 + 7) / 8 * 112 : ((n + 31) / 32 + 1) / 2 * 80;
-    case Fmt::WR: return (n + 63) / 64 * 64;
+    case Fmt::WR: return wr_int8_acts() ? (n + 63) / 64 * 48 : (n + 63) / 64 * 64;
     default: return int8_acts() ? ((n + 31) / 32 + 3) / 4 * 64 : (n + 31) / 32 * 33;
   }
 }
@@ -93,6 +112,7 @@ size_t prep_floats(Fmt fmt, size_t n) {
 void prep_x(Fmt fmt, const float* x, size_t n, float* out) {
   if (fmt == Fmt::WQ && int8_acts()) return prep_wq_q8(x, n, out);
   if (fmt == Fmt::D4 && int8_acts()) return prep_d4_q8(x, n, out);
+  if (fmt == Fmt::WR && wr_int8_acts()) return prep_wr_q8(x, n, out);
   const size_t pf = prep_floats(fmt, n);
   std::memset(out, 0, pf * sizeof(float));
   if (fmt == Fmt::WR) {
@@ -186,6 +206,7 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
 #if RMOE_X86
   static const bool vnni = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
   if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
+  if (fmt == Fmt::WR && wr_int8_acts()) return rows_dot_wr_vbmi;
 #endif
   (void)fmt;
   return nullptr;

@@ -71,44 +71,6 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
 }
 
-template <int NT>
-void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  const float D = h2f(q[0] | (q[1] << 8));
-  q += 2;
-  const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
-  const __m256i seven = _mm256_set1_epi32(7), mask = _mm256_set1_epi32((1 << 19) - 1);
-  const __m256 lv = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);
-  // Per row: the 5 levels times each of the 16 sub-scales (one permute then gives weights).
-  alignas(32) float tab[16][8];
-  for (int k = 0; k < 16; ++k) _mm256_store_ps(tab[k], _mm256_mul_ps(lv, _mm256_set1_ps(D * kWrTable[k])));
-  constexpr int A = NT >= 2 ? 2 : 4;  // independent FMA chains per token
-  __m256 tot[NT][A];
-  for (int t = 0; t < NT; ++t)
-    for (int a = 0; a < A; ++a) tot[t][a] = _mm256_setzero_ps();
-  for (size_t b = 0; b < nb; ++b, q += 21) {
-    uint32_t hi, sc = q[19] | ((uint32_t)q[20] << 8);
-    std::memcpy(&hi, q + 16, 4);  // bits 23:0; byte 19 is shifted out by srlv/and below
-    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
-    u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), sh), seven), 16));
-    for (int s = 0; s < 4; ++s) {
-      const __m256 ts = _mm256_load_ps(tab[(sc >> (4 * s)) & 0xF]);
-      for (int h = 0; h < 2; ++h) {  // digit i = 2s+h of groups 0-7 = weights 8i..8i+7
-        u = _mm256_add_epi32(u, _mm256_slli_epi32(u, 2));  // u *= 5
-        const __m256 w = _mm256_permutevar8x32_ps(ts, _mm256_srli_epi32(u, 19));
-        u = _mm256_and_si256(u, mask);
-        for (int t = 0; t < NT; ++t) {
-          __m256& a = tot[t][(2 * s + h) % A];
-          a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp + t * xs + 64 * b + 16 * s + 8 * h), a);
-        }
-      }
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    __m256 sum = tot[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, tot[t][a]);
-    y[t * ys] = hsum(sum);
-  }
-}
 
 // D4 on int8 activations (prep_d4_q8): 2 blocks per register, low nibbles
 // (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
@@ -144,6 +106,63 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - hsum(totm[t]);
 }
 
+// WR on f32 activations. Per group, 8 codes at a time: unpacked to bytes, the base-5
+// digits from float arithmetic (q = floor(c/5 + 0.01) is exact for c < 125), levels
+// from an 8-entry permute, times the sub-scale, into T dots.
+constexpr uint64_t lo(int bits) { return (1ull << bits) - 1; }
+constexpr uint64_t rep(uint64_t m, int period) {  // m repeated every `period` bits
+  return m == 0 ? 0 : m | rep(m << period, period);
+}
+
+template <int NT, int M>
+inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D, const float* xp, size_t xs, __m256* tot) {
+  constexpr int W = 2 * M + 1;
+  const __m256 lvt = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);
+  const __m256 fifth = _mm256_set1_ps(0.2f), eps = _mm256_set1_ps(0.01f), five = _mm256_set1_ps(5.0f);
+  __m256 acc[NT];  // local chains (tot may live in memory)
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  float sc[M][4];
+  for (int p = 0; p < M; ++p) {
+    const uint32_t word = q[8 * W + 2 * p] | ((uint32_t)q[8 * W + 2 * p + 1] << 8);
+    for (int s = 0; s < 4; ++s) sc[p][s] = D * kWrTable[(word >> (4 * s)) & 0xF];
+  }
+  for (int j = 0; j < 64; j += 8) {
+    // codes j..j+7 are the W bytes at W*j/8, spread to one byte each in a register.
+    // One 8-byte load (the byte past the codes is a sub-scale byte of the group): a
+    // W-byte copy goes through the stack and stalls store forwarding.
+    uint64_t v;
+    std::memcpy(&v, q + W * (j / 8), 8);
+    // halves of 4W bits -> 32-bit lanes, then 2W -> 16-bit, then W -> bytes
+    v = (v & lo(4 * W)) | ((v << (32 - 4 * W)) & (lo(4 * W) << 32));
+    v = (v & rep(lo(2 * W), 32)) | ((v << (16 - 2 * W)) & rep(lo(2 * W) << 16, 32));
+    const uint64_t spread = (v & rep(lo(W), 16)) | ((v << (8 - W)) & rep(lo(W) << 8, 16));
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)spread)));
+    const __m256 q1 = _mm256_floor_ps(_mm256_fmadd_ps(c, fifth, eps));
+    const __m256 q2 = _mm256_floor_ps(_mm256_fmadd_ps(q1, fifth, eps));
+    const __m256i dig[3] = {_mm256_cvttps_epi32(_mm256_fnmadd_ps(q1, five, c)),
+                            _mm256_cvttps_epi32(_mm256_fnmadd_ps(q2, five, q1)), _mm256_cvttps_epi32(q2)};
+    for (int p = 0; p < M; ++p) {
+      const __m256 wv = _mm256_mul_ps(_mm256_permutevar8x32_ps(lvt, dig[p]), _mm256_set1_ps(sc[p][j / 16]));
+      const float* xb = xp + 64 * p + j;
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + t * xs), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) tot[t] = _mm256_add_ps(tot[t], acc[t]);
+}
+
+template <int NT>
+void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const float D = h2f(q[0] | (q[1] << 8));
+  q += 2;
+  __m256 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
+  size_t b0 = 0;
+  for (; b0 + 3 <= nb; b0 += 3, q += wr_group_bytes(3)) wr_group<NT, 3>(q, D, xp + 64 * b0, xs, tot);
+  if (nb - b0 == 2) wr_group<NT, 2>(q, D, xp + 64 * b0, xs, tot);
+  if (nb - b0 == 1) wr_group<NT, 1>(q, D, xp + 64 * b0, xs, tot);
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
+}
+
 #define RMOE_TILED(name, tile)                                                                        \
   void name(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) { \
     size_t t = 0;                                                                                     \
@@ -159,8 +178,9 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 }  // namespace
 
 RMOE_TILED(row_dot_wq_avx2, wq_tile)
-RMOE_TILED(row_dot_wr_avx2, wr_tile)
 RMOE_TILED(row_dot_d4_avx2, d4_tile)
+RMOE_TILED(row_dot_wr_avx2, wr_tile)
+
 
 }  // namespace resplit
 }  // namespace rmoe

@@ -113,48 +113,6 @@ void wq_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* 
   wq_tile<NT, false>(q, nb, xp, xs, y, ys);
 }
 
-template <int NT>
-void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  const float D = h2f(q[0] | (q[1] << 8));
-  q += 2;
-  const __m512i sh = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
-  const __m512i seven = _mm512_set1_epi32(7), mask = _mm512_set1_epi32((1 << 19) - 1);
-  const __m512 lv = _mm512_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  // Lanes 0-7: digit 2s of groups 0-7, lanes 8-15: digit 2s+1 -> weights 16s..16s+15 in order.
-  // u_s = v * 5^(2s) | v * 5^(2s+1) (mod 2^19): four independent products.
-  __m512i pw[4];
-  for (int s = 0; s < 4; ++s) {
-    uint32_t a = 1;
-    for (int i = 0; i < 2 * s; ++i) a *= 5;
-    pw[s] = _mm512_inserti64x4(_mm512_set1_epi32((int)a), _mm256_set1_epi32((int)(a * 5)), 1);
-  }
-  // Per row: the 5 levels times each of the 16 sub-scales (one permute then gives weights).
-  alignas(64) float tab[16][16];
-  for (int k = 0; k < 16; ++k) _mm512_store_ps(tab[k], _mm512_mul_ps(lv, _mm512_set1_ps(D * kWrTable[k])));
-  constexpr int A = NT >= 4 ? 1 : (NT >= 2 ? 2 : 4);  // independent FMA chains per token
-  __m512 tot[NT][A];
-  for (int t = 0; t < NT; ++t)
-    for (int a = 0; a < A; ++a) tot[t][a] = _mm512_setzero_ps();
-  for (size_t b = 0; b < nb; ++b, q += 21) {
-    uint32_t hi, sc = q[19] | ((uint32_t)q[20] << 8);
-    std::memcpy(&hi, q + 16, 4);  // bits 23:0; byte 19 is shifted out by srlv/and below
-    const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q));
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), lo, 1);
-    v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)hi), sh), seven), 16));
-    for (int s = 0; s < 4; ++s) {
-      __m512i u = _mm512_and_si512(_mm512_mullo_epi32(v, pw[s]), mask);
-      u = _mm512_add_epi32(u, _mm512_slli_epi32(u, 2));  // 5u: the digit is its bits 21:19
-      const __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 19), _mm512_load_ps(tab[(sc >> (4 * s)) & 0xF]));
-      for (int t = 0; t < NT; ++t)
-        tot[t][s % A] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xp + t * xs + 64 * b + 16 * s), tot[t][s % A]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) {
-    __m512 sum = tot[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, tot[t][a]);
-    y[t * ys] = _mm512_reduce_add_ps(sum);
-  }
-}
 
 // D4 on int8 activations (prep_d4_q8): 4 blocks per register, low nibbles
 // (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
@@ -229,7 +187,9 @@ void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const
   for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
   for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
 }
-RMOE_TILED(row_dot_wr_avx512, wr_tile)
+void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  (wr_int8_acts() ? row_dot_wr_vbmi : row_dot_wr_avx2)(q, nb, xp, xs, T, y, ys);
+}
 void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   static const bool vnni = cpu_features().avx512vnni;
   (vnni ? row_dot_d4_vnni : row_dot_d4_bw)(q, nb, xp, xs, T, y, ys);

@@ -207,7 +207,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   wr[1] = (uint8_t)(Dbits >> 8);
   const BlockScoresFn block_scores = block_scores_fn();
   float t[32];
-  int dig[64], kk[4];
+  std::vector<int> dig(nb64 * 64), kk(nb64 * 4);
   for (size_t b64 = 0; b64 < nb64; ++b64) {
     for (int half = 0; half < 2; ++half) {
       const size_t b = 2 * b64 + half;
@@ -236,27 +236,29 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       try_scale(am * wq_frac(ci, 0.05));
       const float dq = scale12_decode(best_code);
       for (int s = 0; s < 2; ++s)
-        half_encode(x + 16 * s, dq, D * kWrTable[best_k[s]], t + 16 * s, dig + 32 * half + 16 * s);
-      kk[2 * half] = best_k[0];
-      kk[2 * half + 1] = best_k[1];
+        half_encode(x + 16 * s, dq, D * kWrTable[best_k[s]], t + 16 * s, &dig[64 * b64 + 32 * half + 16 * s]);
+      kk[4 * b64 + 2 * half] = best_k[0];
+      kk[4 * b64 + 2 * half + 1] = best_k[1];
       if (b < nbq) pack_wq(t, best_code, wq + 8 * b);  // WR pads to 64, WQ to 32
     }
-    uint8_t* blk = wr + 2 + 21 * b64;
-    uint32_t hi = 0;
-    for (int g = 0; g < 8; ++g) {
-      int64_t c = 0;
-      for (int i = 0; i < 8; ++i) c = c * 5 + dig[8 * i + g];
-      const int64_t v = (c * (1 << 19) + 390624) / 390625;
-      blk[2 * g] = (uint8_t)(v & 0xFF);
-      blk[2 * g + 1] = (uint8_t)((v >> 8) & 0xFF);
-      hi |= (uint32_t)(v >> 16) << (3 * g);
+  }
+  // WR bytes: groups of up to 3 blocks, code j = sum_p d(block p, j) * 5^p in 2m+1 bits
+  uint8_t* g = wr + 2;
+  for (size_t b0 = 0; b0 < nb64; b0 += 3) {
+    const size_t m = std::min<size_t>(3, nb64 - b0), w = wr_code_bits(m);
+    std::memset(g, 0, 8 * w);
+    for (size_t j = 0; j < 64; ++j) {
+      uint32_t c = 0;
+      for (size_t p = m; p-- > 0;) c = c * 5 + (uint32_t)dig[64 * (b0 + p) + j];
+      for (size_t i = 0; i < w; ++i) g[(w * j + i) / 8] |= (uint8_t)(((c >> i) & 1u) << ((w * j + i) % 8));
     }
-    blk[16] = (uint8_t)(hi & 0xFF);
-    blk[17] = (uint8_t)((hi >> 8) & 0xFF);
-    blk[18] = (uint8_t)(hi >> 16);
-    const uint32_t sc = kk[0] | (kk[1] << 4) | (kk[2] << 8) | (kk[3] << 12);
-    blk[19] = (uint8_t)(sc & 0xFF);
-    blk[20] = (uint8_t)(sc >> 8);
+    for (size_t p = 0; p < m; ++p) {
+      const int* k = &kk[4 * (b0 + p)];
+      const uint32_t sc = k[0] | (k[1] << 4) | (k[2] << 8) | (k[3] << 12);
+      g[8 * w + 2 * p] = (uint8_t)(sc & 0xFF);
+      g[8 * w + 2 * p + 1] = (uint8_t)(sc >> 8);
+    }
+    g += wr_group_bytes(m);
   }
 }
 
@@ -283,7 +285,10 @@ uint16_t f32_to_f16_bits(float f) {
 size_t row_bytes(Fmt fmt, size_t n) {
   switch (fmt) {
     case Fmt::WQ: return (n + 31) / 32 * 8;
-    case Fmt::WR: return 2 + (n + 63) / 64 * 21;
+    case Fmt::WR: {
+      const size_t nb = (n + 63) / 64;
+      return 2 + nb / 3 * wr_group_bytes(3) + (nb % 3 ? wr_group_bytes(nb % 3) : 0);
+    }
     default: return 4 + (n + 31) / 32 * 18;
   }
 }

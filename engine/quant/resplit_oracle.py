@@ -17,15 +17,22 @@ WQ  low-bit part of gate/up/down, 2.0 bpw.  Row = ceil(n/32) blocks of 8 bytes.
       scale s (12 bits) = float16 bits 14:3 (positive, 7-bit mantissa)
       decode digit i of a byte b: u = b*3^i mod 256 ... d_i = (3*u) >> 8
 
-WR  residual of gate/up after WQ, 2.625 bpw + 2 bytes per row (2.633 at n=2048).
-    Row = f16 D, then ceil(n/64) blocks of 21 bytes; 5 levels
-    r = WR_LEVELS[d] = {-2.25, -1, 0, 1, 2.25}[d], d in 0..4.
+WR  residual of gate/up after WQ, 2.6 bpw (2.602 at n=2048).  5 levels
+    r = WR_LEVELS[d] = {-2.25, -1, 0, 1, 2.25}[d], d in 0..4, one 4-bit
+    sub-scale code k_s per 16 weights:  w = D * 2^(-k_s/4) * WR_LEVELS[d].
+    Row = f16 D, then the blocks of 64 weights in groups of up to 3 (the last
+    group holds the remaining m = 1, 2 or 3 blocks).  A group stores 64 codes,
+    code j = sum_p d(block p, weight j) * 5^p  (3 digits in 7 bits when m = 3,
+    2 in 5 bits, 1 in 3 bits), packed LSB-first, then one 16-bit word of
+    sub-scales per block:
 
-      bytes 0-15 : lo16[g], g = 0..7      (code v_g bits 15:0)
-      bytes 16-18: 24 bits, hi3[g] at bits 3g+2:3g   (v_g bits 18:16)
-      bytes 19-20: 16 bits, k_s at bits 4s+3:4s, s = 0..3 (one per 16 weights)
-      v_g = ceil(c*2^19/5^8), c = sum_i d_ig*5^(7-i): digit i = weight 8i+g
-      w = D * 2^(-k_s/4) * WR_LEVELS[d]   for weights 16s..16s+15
+      bits:   0 .. w-1 | w .. 2w-1 | ... | 63w .. 64w-1 |  (8w bytes, w = 7, 5, 3)
+              code 0   | code 1    | ... | code 63      |
+      then m x 16-bit LE: k_s at bits 4s+3:4s, s = 0..3 (weights 16s..16s+15)
+
+    A group of three is 62 bytes for 192 weights (2.583 bpw). Decoding is a
+    table lookup per digit position (7-bit index), so the kernels turn a
+    register of codes into a register of levels per block in one step.
 
 D4  CPU copy of down_proj, 4.5 bpw + 4 bytes per row (4.516 at n=2048).
     Row = f16 D, f16 M, then ceil(n/32) blocks of 18 bytes.
@@ -44,9 +51,10 @@ from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 2  # = kFormatVersion in csrc/cpu/resplit.h; bumped when bytes or their meaning change
+FORMAT_VERSION = 3  # = kFormatVersion in csrc/cpu/resplit.h; bumped when bytes or their meaning change
 WQ_BLOCK, WQ_BYTES = 32, 8
-WR_BLOCK, WR_BYTES, WR_HEADER = 64, 21, 2
+WR_BLOCK, WR_HEADER = 64, 2
+WR_CODE_BITS = {1: 3, 2: 5, 3: 7}    # code width by blocks in the group
 D4_BLOCK, D4_BYTES, D4_HEADER = 32, 18, 4
 
 WR_DIV = np.float32(8.0)             # row header D = max|w| / 8
@@ -110,7 +118,8 @@ def row_bytes(fmt: str, n: int) -> int:
     if fmt == "wq":
         return -(-n // WQ_BLOCK) * WQ_BYTES
     if fmt == "wr":
-        return WR_HEADER + -(-n // WR_BLOCK) * WR_BYTES
+        nb = -(-n // WR_BLOCK)
+        return WR_HEADER + sum(8 * WR_CODE_BITS[m] + 2 * m for m in _wr_groups(nb))
     if fmt == "d4":
         return D4_HEADER + -(-n // D4_BLOCK) * D4_BYTES
     raise ValueError(f"unknown resplit format {fmt!r}")
@@ -214,49 +223,55 @@ def quantize_wq_wr(w: np.ndarray):
     return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))
 
 
+def _wr_groups(nb: int) -> list[int]:
+    """Blocks per group of a row of nb 64-blocks: threes, then the rest."""
+    return [3] * (nb // 3) + ([nb % 3] if nb % 3 else [])
+
+
 def _pack_wr(d: np.ndarray, k: np.ndarray, D: np.ndarray) -> np.ndarray:
-    """d [R,n64] level digits 0..4, k [R,n64/16], D [R] -> [R, 2 + nb*21] uint8."""
+    """d [R,n64] level digits 0..4, k [R,n64/16], D [R] -> [R, row_bytes] uint8."""
     R, n64 = d.shape
     nb = n64 // 64
-    u = d.astype(np.int64).reshape(R, nb, 8, 8)        # [R,nb,i,g]
-    c = np.zeros((R, nb, 8), np.int64)
-    for i in range(8):
-        c = c * 5 + u[:, :, i, :]
-    v = (c * (1 << 19) + 390624) // 390625              # [R,nb,g] < 2^19
-    blk = np.zeros((R, nb, 21), np.uint8)
-    blk[:, :, 0:16] = (v & 0xFFFF).astype("<u2").view(np.uint8).reshape(R, nb, 16)
-    hi = np.zeros((R, nb), np.int64)
-    for g in range(8):
-        hi |= (v[:, :, g] >> 16) << (3 * g)
-    for b in range(3):
-        blk[:, :, 16 + b] = (hi >> (8 * b)) & 0xFF
+    d = d.astype(np.int64).reshape(R, nb, 64)
     kk = k.reshape(R, nb, 4).astype(np.int64)
-    sc = kk[..., 0] | (kk[..., 1] << 4) | (kk[..., 2] << 8) | (kk[..., 3] << 12)
-    blk[:, :, 19] = sc & 0xFF
-    blk[:, :, 20] = sc >> 8
-    out = np.zeros((R, 2 + nb * 21), np.uint8)
-    out[:, :2] = D.astype(np.float16).view(np.uint8).reshape(R, 2)
-    out[:, 2:] = blk.reshape(R, -1)
-    return out
+    sc = kk[..., 0] | (kk[..., 1] << 4) | (kk[..., 2] << 8) | (kk[..., 3] << 12)   # [R,nb]
+    parts = [D.astype(np.float16).view(np.uint8).reshape(R, 2)]
+    b0 = 0
+    for m in _wr_groups(nb):
+        w = WR_CODE_BITS[m]
+        code = np.zeros((R, 64), np.int64)
+        for p in range(m):
+            code += d[:, b0 + p] * 5 ** p
+        bits = (code[:, :, None] >> np.arange(w)) & 1                                # [R,64,w] LSB first
+        parts.append(np.packbits(bits.reshape(R, 64 * w).astype(np.uint8), axis=1, bitorder="little"))
+        parts.append(sc[:, b0:b0 + m].astype("<u2").view(np.uint8).reshape(R, 2 * m))
+        b0 += m
+    return np.concatenate(parts, axis=1)
 
 
 def dequantize_wr(q: np.ndarray, n: int) -> np.ndarray:
     shape = q.shape
     q = np.ascontiguousarray(q, np.uint8).reshape(-1, shape[-1])
     R = len(q)
+    nb = -(-n // WR_BLOCK)
+    assert shape[-1] == row_bytes("wr", n), "row bytes do not match n"
     D = q[:, :2].copy().view(np.float16).astype(np.float32)[:, 0]
-    nb = (shape[-1] - 2) // 21
-    blk = q[:, 2:].reshape(R, nb, 21)
-    lo = blk[:, :, 0:16].copy().view("<u2").astype(np.int64)  # [R,nb,8]
-    hi = blk[:, :, 16].astype(np.int64) | (blk[:, :, 17].astype(np.int64) << 8) | (blk[:, :, 18].astype(np.int64) << 16)
-    v = lo | (((hi[:, :, None] >> (3 * np.arange(8))) & 7) << 16)
-    d = _digits(v, 5, 19, 8)                            # [R,nb,g,i]
-    sc = blk[:, :, 19].astype(np.int64) | (blk[:, :, 20].astype(np.int64) << 8)
-    k = (sc[:, :, None] >> (4 * np.arange(4))) & 0xF    # [R,nb,4]
-    dr = (D[:, None, None] * WR_TABLE[k]).astype(np.float32)
-    vals = WR_LEVELS[d.transpose(0, 1, 3, 2)]          # [R,nb,i,g]
-    w = dr[:, :, :, None, None] * vals.reshape(R, nb, 4, 2, 8)
-    return w.reshape(*shape[:-1], nb * 64)[..., :n]
+    out = np.zeros((R, nb, 64), np.float32)
+    off, b0 = 2, 0
+    for m in _wr_groups(nb):
+        w = WR_CODE_BITS[m]
+        bits = np.unpackbits(q[:, off:off + 8 * w], axis=1, bitorder="little").reshape(R, 64, w).astype(np.int64)
+        code = (bits << np.arange(w)).sum(-1)                                          # [R,64]
+        off += 8 * w
+        sc = q[:, off:off + 2 * m].copy().view("<u2").astype(np.int64)                 # [R,m]
+        off += 2 * m
+        for p in range(m):
+            dig = (code // 5 ** p) % 5
+            kq = (sc[:, p, None] >> (4 * np.arange(4))) & 0xF                          # [R,4]
+            dr = (D[:, None] * WR_TABLE[kq]).astype(np.float32)
+            out[:, b0 + p] = (np.repeat(dr, 16, axis=1) * WR_LEVELS[dig]).astype(np.float32)
+        b0 += m
+    return out.reshape(*shape[:-1], nb * 64)[..., :n]
 
 
 # ---------------------------------------------------------------- D4

@@ -1,0 +1,154 @@
+// WR fused decode x int8 activation kernels (AVX-512 VBMI + VNNI). Called only when
+// wr_int8_acts() is true. Per group of up to 3 blocks (resplit.h): the 64 codes are
+// spread to one byte each (vpermb + vpmultishiftqb), each digit position p is looked
+// up in a 128-entry table giving 4*L+9 in 0..18 (vpermi2b), and dotted with the
+// block's int8 activations (vpdpbusd, started from -9 * sum x to undo the +9). Each
+// int32 lane then covers 4 weights of one 16-weight sub-block, so the sub-scale is a
+// per-lane factor: sum_lanes acc * (D * 2^(-k/4) / 4) * sx.
+#include "isa.h"
+#include "resplit.h"
+
+#if RMOE_X86
+#include <immintrin.h>
+
+namespace rmoe {
+namespace resplit {
+
+namespace {
+
+inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
+
+struct Consts {
+  __m512i tab_lo[3], tab_hi[3];  // digit position p of code c -> 4*L+9 (c < 128)
+  __m512i spread[4], shift[4];   // by code width 3, 5, 7 (index (w-1)/2)
+  Consts() {
+    static const int kL4[5] = {0, 5, 9, 13, 18};  // 4*{-2.25,-1,0,1,2.25} + 9
+    alignas(64) uint8_t t[128];
+    for (int p = 0, div = 1; p < 3; ++p, div *= 5) {
+      for (int c = 0; c < 128; ++c) t[c] = (uint8_t)kL4[(c / div) % 5];
+      tab_lo[p] = _mm512_load_si512(t);
+      tab_hi[p] = _mm512_load_si512(t + 64);
+    }
+    alignas(64) uint8_t sp[64], sh[64];
+    for (int w = 3; w <= 7; w += 2) {
+      for (int qw = 0; qw < 8; ++qw)
+        for (int b = 0; b < 8; ++b) {
+          sp[8 * qw + b] = (uint8_t)(w * qw + (b < w ? b : 0));  // qword qw <- bytes w*qw .. w*qw+w-1
+          sh[8 * qw + b] = (uint8_t)(w * b);                      // code b of the qword at bit w*b
+        }
+      spread[(w - 1) / 2] = _mm512_load_si512(sp);
+      shift[(w - 1) / 2] = _mm512_load_si512(sh);
+    }
+  }
+};
+
+const Consts& consts() {
+  static const Consts c;
+  return c;
+}
+
+// 64 codes of width w (group bytes g) -> one code per byte.
+inline __m512i codes(const Consts& k, const uint8_t* g, size_t w) {
+  const __m512i raw = _mm512_maskz_loadu_epi8((1ull << (8 * w)) - 1, g);
+  const size_t i = (w - 1) / 2;
+  const __m512i c = _mm512_multishift_epi64_epi8(k.shift[i], _mm512_permutexvar_epi8(k.spread[i], raw));
+  return _mm512_and_si512(c, _mm512_set1_epi8((char)((1u << w) - 1)));
+}
+
+// Per-lane sub-scale factor of a block: lanes 4s..4s+3 <- tab[k_s], k_s = bits 4s+3:4s of word.
+inline __m512 lane_scales(uint32_t word, __m512 tab) {
+  const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  const __m512i kq = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)word), sh), _mm512_set1_epi32(0xF));
+  return _mm512_permutexvar_ps(kq, tab);
+}
+
+// One row, NT tokens (prepared x at stride xs, 48 floats per block).
+template <int NT>
+void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const Consts& k = consts();
+  const __m512 tab = _mm512_mul_ps(_mm512_loadu_ps(kWrTable), _mm512_set1_ps(0.25f * h2f(q[0] | (q[1] << 8))));
+  q += 2;
+  __m512 tot[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
+  for (size_t b0 = 0; b0 < nb; b0 += 3) {
+    const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
+    const __m512i c = codes(k, q, w);
+    for (size_t p = 0; p < m; ++p) {
+      const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
+      const __m512 sc = lane_scales(q[8 * w + 2 * p] | ((uint32_t)q[8 * w + 2 * p + 1] << 8), tab);
+      const float* xb = xp + 48 * (b0 + p);
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = xb + t * xs;
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(xt + 32), lv, _mm512_loadu_si512(xt));
+        tot[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sc, _mm512_loadu_ps(xt + 16)), tot[t]);
+      }
+    }
+    q += wr_group_bytes(m);
+  }
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
+}
+
+// One token, R rows at once: the rows share the activation loads.
+template <int R>
+void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  const Consts& k = consts();
+  __m512 tab[R], tot[R];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* qr = q + r * rb;
+    tab[r] = _mm512_mul_ps(_mm512_loadu_ps(kWrTable), _mm512_set1_ps(0.25f * h2f(qr[0] | (qr[1] << 8))));
+    tot[r] = _mm512_setzero_ps();
+  }
+  size_t off = 2;
+  for (size_t b0 = 0; b0 < nb; b0 += 3) {
+    const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* g = q + r * rb + off;
+      _mm_prefetch(reinterpret_cast<const char*>(g) + 4 * 62, _MM_HINT_T0);
+      const __m512i c = codes(k, g, w);
+      for (size_t p = 0; p < m; ++p) {
+        const float* xb = xp + 48 * (b0 + p);
+        const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
+        const __m512 sc = lane_scales(g[8 * w + 2 * p] | ((uint32_t)g[8 * w + 2 * p + 1] << 8), tab[r]);
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(xb + 32), lv, _mm512_loadu_si512(xb));
+        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sc, _mm512_loadu_ps(xb + 16)), tot[r]);
+      }
+    }
+    off += wr_group_bytes(m);
+  }
+  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+}
+
+}  // namespace
+
+bool wr_int8_acts() {
+  static const bool v = active_isa() == Isa::Avx512 && cpu_features().avx512vnni && cpu_features().avx512vbmi;
+  return v;
+}
+
+void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  size_t t = 0;
+  for (; t + 4 <= T; t += 4) wr_tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  if (t + 2 <= T) { wr_tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
+  if (t < T) wr_tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+}
+
+void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  size_t r = 0;
+  for (; r + 4 <= nr; r += 4) wr_rows<4>(q + r * rb, rb, nb, xp, y + r);
+  for (; r < nr; ++r) wr_rows<1>(q + r * rb, rb, nb, xp, y + r);
+}
+
+}  // namespace resplit
+}  // namespace rmoe
+
+#else  // non-x86: never selected (wr_int8_acts() is false)
+namespace rmoe {
+namespace resplit {
+bool wr_int8_acts() { return false; }
+void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
+}
+void rows_dot_wr_vbmi(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+}  // namespace resplit
+}  // namespace rmoe
+#endif
