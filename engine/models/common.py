@@ -12,9 +12,8 @@ from ..config import ModelConfig
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    # [.., D] -> [.., D]
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y * w if w is not None else y
+    # [.., D] -> [.., D]: x * rsqrt(mean(x^2) + eps) * w, one fused op
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
 @dataclass(frozen=True)
