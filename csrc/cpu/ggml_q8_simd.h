@@ -102,9 +102,10 @@ struct K32 {
   }
 };
 
-// Q8_0: signed weights. VNNI: w + 128 (= w ^ 0x80) is unsigned, and
-// sum (w+128)*q - 128*xsum = sum w*q. Else: |w| (unsigned, 128 for -128) times
-// q carrying w's sign; maddubs pairs stay within int16 as |q| <= 127.
+// Q8_0: signed weights: |w| (unsigned; 128 for -128) times q carrying w's sign
+// (|q| <= 127, so negating it never wraps and maddubs pairs stay in int16).
+// Not w ^ 0x80 = w + 128 with 128 * xsum taken off: exact in int32 too, but its
+// lanes would be large and cancel only in the float sum.
 template <bool VNNI>
 struct K8_0 {
   static constexpr int block = 32, bytes = 34;
@@ -112,16 +113,9 @@ struct K8_0 {
   static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
     const float d = q8_h2f(b);
     const __m256i w = q8_ld256(b + 2);
-    const __m256i u = VNNI ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : _mm256_abs_epi8(w);
+    const __m256i u = _mm256_abs_epi8(w);
     for (int t = 0; t < T; ++t) {
-      const __m256i q = q8_ld256(xb[t].q);
-      __m256i s;
-      if constexpr (VNNI) {
-        const __m256i init = _mm256_setr_epi32(-128 * (xb[t].bs[0] + xb[t].bs[1]), 0, 0, 0, 0, 0, 0, 0);
-        s = dot_us<true>(init, u, q);
-      } else {
-        s = dot_us<false>(_mm256_setzero_si256(), u, _mm256_sign_epi8(q, w));
-      }
+      const __m256i s = dot_us<VNNI>(_mm256_setzero_si256(), u, _mm256_sign_epi8(q8_ld256(xb[t].q), w));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb[t].dx), acc[t]);
     }
   }
