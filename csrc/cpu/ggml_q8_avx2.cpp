@@ -3,8 +3,8 @@
 // integer sums of a super-block go to float once. And the activation quantizer.
 //
 // K-quants take 32 weights per ymm: one 32-value sub-block of Q4_K / Q5_K
-// (scale: one broadcast int16), two 16-value groups of Q6_K (one per 128-bit
-// lane). Activations in natural order (Q8_K).
+// (scale: one broadcast int16); Q6_K is KQ6y of ggml_q8_simd.h. Activations in
+// natural order (Q8_K).
 #include <cfloat>
 #include <cmath>
 
@@ -18,10 +18,6 @@ namespace rmoe {
 namespace ggml {
 
 namespace {
-
-RMOE_INLINE __m256i madd_scaled(__m256i acc, __m256i u, const int8_t* x, __m256i sc) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q8_ld256(x)), sc));
-}
 
 // Q4_K / Q5_K: qs[32j ..] low nibbles = sub-block 2j, high = 2j+1. Q5_K's bit 4
 // of sub-block b is bit b of qh[l]: masked, then shifted to bit 4 in 16-bit lanes
@@ -58,51 +54,14 @@ struct KQ45 {
       const __m256i sl = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * j))));
       const __m256i sh = _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0x8000 | (2 * j + 1))));
       for (int t = 0; t < T; ++t) {
-        s[t] = madd_scaled(s[t], lo, xb[t].q + 64 * j, sl);
-        s[t] = madd_scaled(s[t], hi, xb[t].q + 64 * j + 32, sh);
+        s[t] = madd_scaled<false>(s[t], lo, xb[t].q + 64 * j, sl);
+        s[t] = madd_scaled<false>(s[t], hi, xb[t].q + 64 * j + 32, sh);
       }
     }
     for (int t = 0; t < T; ++t) {
       const __m256i m = _mm256_madd_epi16(q8_ld256(xb[t].bs), mnp);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(d * xb[t].dx), acc[t]);
       acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xb[t].dx), acc[t]);
-    }
-  }
-};
-
-// Q6_K: elements 128h + 32s + l, code = nibble of ql[64h + 32(s&1) + l]
-// (low for s < 2) | bits 2s, 2s+1 of qh[32h + l] at bits 4, 5; codes are q + 32:
-//   sum sc*(c - 32)*x = sum sc*c*x - 32 * sum sc*bsum.
-struct KQ6 {
-  static constexpr int block = 256, bytes = 210;
-  template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
-    const float d = q8_h2f(b + 208);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(q8_ld128(b + 192));
-    const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
-    __m256i s[T];
-    for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);  // sc[8h .. 8h+7], both lanes
-      const __m256i ql0 = q8_ld256(b + 64 * h), ql1 = q8_ld256(b + 64 * h + 32), qh = q8_ld256(b + 128 + 32 * h);
-      const __m256i w[4] = {
-          _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
-          _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
-      for (int sb = 0; sb < 4; ++sb) {
-        // lane 0 <- int16 element 2sb of sch, lane 1 <- element 2sb+1
-        const __m256i sc = _mm256_shuffle_epi8(
-            sch, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * sb + 3) << 8) | (4 * sb + 2))),
-                                  _mm_set1_epi16((short)(((4 * sb + 1) << 8) | (4 * sb)))));
-        for (int t = 0; t < T; ++t) s[t] = madd_scaled(s[t], w[sb], xb[t].q + 128 * h + 32 * sb, sc);
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      const __m256i m = _mm256_madd_epi16(sc16, q8_ld256(xb[t].bs));
-      const __m256i si = _mm256_sub_epi32(s[t], _mm256_slli_epi32(m, 5));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(d * xb[t].dx), acc[t]);
     }
   }
 };
@@ -177,7 +136,7 @@ bool gemv_q8_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, co
     case Q8_0: return q8_gemv<K8_0<false>, R1>(w, rb, k, nr, x, nt, y, ldy);
     case Q4_K: return q8_gemv<KQ45<false>, R1>(w, rb, k, nr, x, nt, y, ldy);
     case Q5_K: return q8_gemv<KQ45<true>, R1>(w, rb, k, nr, x, nt, y, ldy);
-    case Q6_K: return q8_gemv<KQ6, R1>(w, rb, k, nr, x, nt, y, ldy);
+    case Q6_K: return q8_gemv<KQ6y<false>, R1>(w, rb, k, nr, x, nt, y, ldy);
     default: return false;
   }
 }

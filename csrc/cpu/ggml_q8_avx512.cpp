@@ -1,12 +1,13 @@
 // AVX-512 int8-activation GEMV (ggml_q8.h), with VNNI (vpdpbusd / vpdpwssd)
 // or without (maddubs + madd), and the activation quantizer.
 //
-// K-quants take 64 packed weights per zmm and apply the sub-block scales as
+// Q4_K / Q5_K take 64 packed weights per zmm and apply the sub-block scales as
 // 16-bit multipliers: maddubs gives int16 pair sums p (codes x q), then
 // vpdpwssd / vpmaddwd adds p * scale into int32 lanes. Each 128-bit lane holds
-// 16 bytes = one 16-value group of Q6_K, half a 32-value sub-block of Q4_K /
-// Q5_K, so a lane's scale is one broadcast value. The integer sums of a
-// super-block go to float once: acc += (d * dx) * sumi (- (dmin * dx) * summ).
+// 16 bytes = half a 32-value sub-block, so a lane's scale is one broadcast
+// value. The integer sums of a super-block go to float once:
+// acc += (d * dx) * sumi - (dmin * dx) * summ. Q6_K and the 32-weight types
+// use the ymm kernels of ggml_q8_simd.h (with vpdpwssd / vpdpbusd here).
 #include <cfloat>
 #include <cmath>
 
@@ -93,48 +94,6 @@ struct KQ45 {
   }
 };
 
-// Q6_K: 64 low-nibble bytes ql[64h ..] are elements 128h + 0..63, their high
-// nibbles 128h + 64..127; the 2-bit tops for sub-block s sit at bits 2s, 2s+1
-// of qh[32h + l], rotated to bits 4, 5. Codes are q + 32 (unsigned):
-//   sum sc*(c - 32)*x = sum sc*c*x - 32 * sum sc*bsum   (bsum per 16: sc's group).
-template <bool VNNI>
-struct KQ6 {
-  static constexpr int block = 256, bytes = 210;
-  template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
-    const float d = q8_h2f(b + 208);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(q8_ld128(b + 192));
-    const __m512i scz = _mm512_castsi256_si512(sc16);
-    // int16 lane n of zmm v <- sc[4v + n/8]
-    const __m512i lane = _mm512_srli_epi16(
-        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8,
-                         7, 6, 5, 4, 3, 2, 1, 0),
-        3);
-    __m512i sc[4];
-    for (int v = 0; v < 4; ++v)
-      sc[v] = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(4 * v))), scz);
-    const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
-    __m512i w[4];
-    for (int h = 0; h < 2; ++h) {
-      const __m512i ql = ld512(b + 64 * h), qh = bcast256(b + 128 + 32 * h);
-      w[2 * h] = or_and(_mm512_and_si512(ql, m4), _mm512_rolv_epi64(qh, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)),
-                        top);
-      w[2 * h + 1] = or_and(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                            _mm512_rolv_epi64(qh, _mm512_set_epi64(62, 62, 62, 62, 0, 0, 0, 0)), top);
-    }
-    for (int t = 0; t < T; ++t) {
-      const int8_t* x = xb[t].q;
-      __m512i s = dot_scaled<VNNI>(_mm512_setzero_si512(), w[0], ld512(x), sc[0]);
-      s = dot_scaled<VNNI>(s, w[1], ld512(x + 64), sc[1]);
-      s = dot_scaled<VNNI>(s, w[2], ld512(x + 128), sc[2]);
-      s = dot_scaled<VNNI>(s, w[3], ld512(x + 192), sc[3]);
-      const __m256i m = _mm256_madd_epi16(sc16, q8_ld256(xb[t].bs));
-      const __m256i si = _mm256_sub_epi32(fold(s), _mm256_slli_epi32(m, 5));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(d * xb[t].dx), acc[t]);
-    }
-  }
-};
-
 // T=1: 8 rows at once.
 constexpr int R1 = 8;
 
@@ -152,7 +111,7 @@ bool gemv(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint
     case Q8_0: return q8_gemv<K8_0<VNNI>, R1>(w, rb, k, nr, x, nt, y, ldy);
     case Q4_K: return q8_gemv<KQ45<false, VNNI>, R1>(w, rb, k, nr, x, nt, y, ldy);
     case Q5_K: return q8_gemv<KQ45<true, VNNI>, R1>(w, rb, k, nr, x, nt, y, ldy);
-    case Q6_K: return q8_gemv<KQ6<VNNI>, R1>(w, rb, k, nr, x, nt, y, ldy);
+    case Q6_K: return q8_gemv<KQ6y<VNNI>, R1>(w, rb, k, nr, x, nt, y, ldy);
     default: return false;
   }
 }

@@ -121,6 +121,55 @@ struct K8_0 {
   }
 };
 
+// acc + (u8 x s8 pair sums) * 16-bit scales, into int32 lanes.
+template <bool VNNI>
+RMOE_INLINE __m256i madd_scaled(__m256i acc, __m256i u, const int8_t* x, __m256i sc) {
+  const __m256i p = _mm256_maddubs_epi16(u, q8_ld256(x));
+  if constexpr (VNNI) return _mm256_dpwssd_epi32(acc, p, sc);
+  else return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+}
+
+// Q6_K: elements 128h + 32s + l, code = nibble of ql[64h + 32(s&1) + l]
+// (low for s < 2) | bits 2s, 2s+1 of qh[32h + l] at bits 4, 5; codes are q + 32:
+//   sum sc*(c - 32)*x = sum sc*c*x - 32 * sum sc*bsum.
+// Two 16-value groups per ymm (one per 128-bit lane). Also the AVX-512 path's
+// Q6_K: measured faster there than 64 weights per zmm, whose per-lane scales
+// take a vpermw each.
+template <bool VNNI>
+struct KQ6y {
+  static constexpr int block = 256, bytes = 210;
+  template <int T>
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+    const float d = q8_h2f(b + 208);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(q8_ld128(b + 192));
+    const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    __m256i s[T];
+    for (int t = 0; t < T; ++t) s[t] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);  // sc[8h .. 8h+7], both lanes
+      const __m256i ql0 = q8_ld256(b + 64 * h), ql1 = q8_ld256(b + 64 * h + 32), qh = q8_ld256(b + 128 + 32 * h);
+      const __m256i w[4] = {
+          _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
+          _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
+      for (int sb = 0; sb < 4; ++sb) {
+        // lane 0 <- int16 element 2sb of sch, lane 1 <- element 2sb+1
+        const __m256i sc = _mm256_shuffle_epi8(
+            sch, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * sb + 3) << 8) | (4 * sb + 2))),
+                                  _mm_set1_epi16((short)(((4 * sb + 1) << 8) | (4 * sb)))));
+        for (int t = 0; t < T; ++t) s[t] = madd_scaled<VNNI>(s[t], w[sb], xb[t].q + 128 * h + 32 * sb, sc);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256i m = _mm256_madd_epi16(sc16, q8_ld256(xb[t].bs));
+      const __m256i si = _mm256_sub_epi32(s[t], _mm256_slli_epi32(m, 5));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(d * xb[t].dx), acc[t]);
+    }
+  }
+};
+
 // ---- tiling: R weight rows x T activation rows ----
 
 // Weight rows are streamed once: fetch this far ahead of the block in use.
