@@ -7,7 +7,12 @@ threads:
     STREAM-like read bandwidth measured in the same process;
   * GEMM at T=512 in GFLOP/s next to torch's f32 matmul of the dequantized matrix.
 
-    python scripts/bench_ggml_kernels.py [--types Q4_K,Q8_0] [--isa avx512] [--threads 1,2]
+    python scripts/bench_ggml_kernels.py [--types Q4_K,Q8_0] [--isa avx512] [--threads 1,2] [--act int8,f32]
+
+--act: the GEMV's activations, int8 (the default kernels for T <= 8 of the
+integer types) or f32 (RAPIDMOE_GGML_F32ACT=1, the exact f32 path), run one
+after the other per setting; a summary gives int8 / f32 per type. The ISA
+avx512-novnni is the AVX-512 int8 path without VNNI instructions.
 
 Figures are wall clock, best of a few runs; in parentheses the same work over
 the calling thread's CPU time, which other processes on a shared machine do not
@@ -80,10 +85,26 @@ def validate(kernels, name: str) -> None:
     got = kernels.ggml_dequantize(w, int(G[name]), wf.size)
     if not np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)):
         raise SystemExit(f"{name}: dequantize differs from gguf-py")
-    ref = x.astype(np.float64) @ wf.astype(np.float64).T
+    xr = x.astype(np.float64)
+    if os.environ.get("RAPIDMOE_GGML_F32ACT") != "1" and name in INT8_TYPES:
+        xr = q8(x, 256 if name.endswith("_K") else 32)  # the int8 path computes deq(W) @ q8(x)
+    ref = xr @ wf.astype(np.float64).T
     err = np.abs(kernels.ggml_matmul(w, int(G[name]), x) - ref)
-    if np.any(err > 1e-5 * (np.abs(x) @ np.abs(wf).T)):
+    if np.any(err > 1e-5 * (np.abs(xr) @ np.abs(wf).T)):
         raise SystemExit(f"{name}: matmul error above bound")
+
+
+INT8_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def q8(x: np.ndarray, group: int) -> np.ndarray:
+    """Activations as the int8 GEMV sees them: per group d = amax/127, q = rint(x * 127/amax)."""
+    T, k = x.shape
+    xg = x.reshape(T, k // group, group)
+    amax = np.abs(xg).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    return ((amax / np.float32(127)).astype(np.float64) * np.rint(xg * inv)).reshape(T, k)
 
 
 def worker(types: list[str], threads: list[int], gemm: bool) -> None:
@@ -113,7 +134,10 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
             nbytes = sum(w.nbytes for w in copies)
             wall, cpu = best_times(gemv_all, reps)
             bw = read_bandwidth()  # next to each GEMV timing: the load of a shared machine drifts
-            row = {"type": name, "isa": isa, "threads": n, "gemv_gbs": nbytes / wall / 1e9,
+            act = "f32" if os.environ.get("RAPIDMOE_GGML_F32ACT") == "1" or name not in INT8_TYPES else "int8"
+            if isa == "avx512" and os.environ.get("RAPIDMOE_GGML_NOVNNI") == "1":
+                isa = "avx512-novnni"
+            row = {"type": name, "isa": isa, "act": act, "threads": n, "gemv_gbs": nbytes / wall / 1e9,
                    "gemv_gbs_cpu": nbytes / cpu / 1e9, "read_gbs": bw, "weight_mb": w0.nbytes / 1e6}
             row["gemv_frac"] = row["gemv_gbs"] / bw
             if gemm and isa != "scalar":
@@ -135,6 +159,7 @@ def main() -> int:
     ap.add_argument("--types", default=",".join(ALL_TYPES))
     ap.add_argument("--isa", default="scalar,avx2,avx512")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--act", default="int8,f32", help="GEMV activations: int8 and/or f32")
     ap.add_argument("--no-gemm", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print JSON rows only")
@@ -149,21 +174,44 @@ def main() -> int:
     info = kernels.isa_info()
     rows = []
     for isa in args.isa.split(","):
-        if isa != "scalar" and not info.get(isa):
+        base = isa.split("-")[0]
+        if base != "scalar" and not info.get(base):
             print(f"skipping {isa}: not available on this CPU", file=sys.stderr)
             continue
         for n in threads:  # one process per setting: the ISA is fixed per process, threads set before any work
-            cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", str(n)]
-            if args.no_gemm:
-                cmd.append("--no-gemm")
-            with subprocess.Popen(cmd, env=dict(os.environ, RAPIDMOE_ISA=isa), stdout=subprocess.PIPE, text=True) as proc:
-                for line in proc.stdout:
-                    rows.append(report(line, args.json))
-            if proc.returncode != 0:
-                return proc.returncode or 1
+            for act in args.act.split(","):
+                if act == "f32" and isa.endswith("novnni"):
+                    continue  # the same f32 kernels as avx512
+                cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", str(n)]
+                if args.no_gemm:
+                    cmd.append("--no-gemm")
+                env = dict(os.environ, RAPIDMOE_ISA=base, RAPIDMOE_GGML_F32ACT="1" if act == "f32" else "0",
+                           RAPIDMOE_GGML_NOVNNI="1" if isa.endswith("novnni") else "0")
+                with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
+                    for line in proc.stdout:
+                        rows.append(report(line, args.json))
+                if proc.returncode != 0:
+                    return proc.returncode or 1
     if args.json:
         print(json.dumps(rows))
+    else:
+        summary(rows)
     return 0
+
+
+def summary(rows: list[dict]) -> None:
+    """int8 / f32 GEMV speed per type, ISA and thread count (wall, and CPU time in parentheses)."""
+    f32 = {(r["type"], r["isa"].split("-")[0], r["threads"]): r for r in rows if r["act"] == "f32"}
+    lines = []
+    for r in rows:
+        o = f32.get((r["type"], r["isa"].split("-")[0], r["threads"]))
+        if r["act"] == "int8" and o:
+            lines.append(f"{r['type']:5} {r['isa']:13} {r['threads']}t | int8 {r['gemv_gbs']:5.1f} ({r['gemv_gbs_cpu']:5.1f})"
+                         f" vs f32 {o['gemv_gbs']:5.1f} ({o['gemv_gbs_cpu']:5.1f}) GB/s = x{r['gemv_gbs'] / o['gemv_gbs']:.2f}"
+                         f" (x{r['gemv_gbs_cpu'] / o['gemv_gbs_cpu']:.2f})")
+    if lines:
+        print("\nGEMV T=1, int8 vs f32 activations, GB/s of weights, wall (cpu):")
+        print("\n".join(lines))
 
 
 def report(line: str, quiet: bool) -> dict:
@@ -172,7 +220,7 @@ def report(line: str, quiet: bool) -> dict:
         gemm = (f" | gemm T=512 {r['gemm_gflops']:5.1f} ({r['gemm_gflops_cpu']:5.1f}) GFLOP/s,"
                 f" torch f32 {r['torch_f32_gflops']:5.1f} ({r['torch_f32_gflops_cpu']:5.1f})"
                 if "gemm_gflops" in r else "")
-        print(f"{r['type']:5} {r['isa']:6} {r['threads']}t | gemv {r['gemv_gbs']:5.2f} ({r['gemv_gbs_cpu']:5.2f}) GB/s"
+        print(f"{r['type']:5} {r['isa']:13} {r['act']:4} {r['threads']}t | gemv {r['gemv_gbs']:5.2f} ({r['gemv_gbs_cpu']:5.2f}) GB/s"
               f" = {100 * r['gemv_frac']:3.0f}% of read {r['read_gbs']:5.2f}{gemm}", flush=True)
     return r
 

@@ -3,10 +3,18 @@
 Each ISA path runs in its own subprocess (the path is chosen once per process
 from RAPIDMOE_ISA) on the same inputs; the parent checks the results:
 * dequantize: bit-exact with gguf.quants.dequantize (random valid blocks);
-* matmul / expert_matmul: against deq(W) @ x in float64. Activations stay f32
-  and the weights are dequantized exactly, so the only error is f32 summation:
-  at most ~(k/lanes + chunks) roundings of 2^-24 relative to sum|w*x|; with
-  k = 768 and >= 8 lanes that is < 1e-5, and the bound below is 1e-5 * sum|w*x|.
+* matmul / expert_matmul on the f32-activation paths (RAPIDMOE_GGML_F32ACT=1,
+  or T > 8, or a type without an int8 kernel): against deq(W) @ x in float64.
+  Activations stay f32 and the weights are dequantized exactly, so the only
+  error is f32 summation: at most ~(k/lanes + chunks) roundings of 2^-24
+  relative to sum|w*x|; with k = 768 and >= 8 lanes that is < 1e-5, and the
+  bound below is 1e-5 * sum|w*x|.
+* the int8-activation GEMV (T <= 8; Q4_0..Q8_0, Q4_K..Q6_K): x is quantized
+  to int8 blocks (q8 below, the kernels' quantizer in numpy) and the integer
+  sums are exact, so against deq(W) @ q8(x) the same 1e-5 bound holds. Against
+  the exact deq(W) @ x the error must stay within the int8 rounding of x,
+  sum |x - q8(x)| |w|, and below 1e-2 * sum|w*x|; and it must be much closer
+  to the q8 product than to the exact one (the int8 path really ran).
 """
 from __future__ import annotations
 
@@ -26,7 +34,10 @@ TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G
 # byte offsets of the f16 scale fields in one block: set to finite values, the rest stays random
 F16_FIELDS = {G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q8_0: [0], G.Q2_K: [80, 82],
               G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208]}
-ISAS = ["scalar", "avx2", "avx512"]
+# ISA paths: avx512-novnni is the AVX-512 int8 GEMV without VNNI instructions
+ISAS = ["scalar", "avx2", "avx512", "avx512-novnni"]
+INT8_TYPES = [G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K]
+INT8_MAX_T = 8
 K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a partial one
 K_FLOAT = 97     # float types take any k: exercises the masked tails
 K_FLOAT16 = 160  # ... and whole vectors of 16: the fused GEMV (T <= 4)
@@ -111,16 +122,63 @@ def cases(tmp_path_factory):
     return path, arrays
 
 
-def run_isa(isa: str, inputs, tmp_path) -> dict:
+def isa_env(isa: str, f32act: bool = False) -> dict:
     available = kernels.isa_info()
-    if isa != "scalar" and not available[isa]:
-        pytest.skip(f"this CPU has no {isa}")
-    out = tmp_path / f"out_{isa}.npz"
-    env = dict(os.environ, RAPIDMOE_ISA=isa)
-    subprocess.run([sys.executable, "-c", WORKER, str(inputs), str(out)], env=env, check=True, timeout=120)
+    base = isa.split("-")[0]
+    if base != "scalar" and not available[base]:
+        pytest.skip(f"this CPU has no {base}")
+    env = dict(os.environ, RAPIDMOE_ISA=base, RAPIDMOE_GGML_NOVNNI="1" if isa.endswith("novnni") else "0",
+               RAPIDMOE_GGML_F32ACT="1" if f32act else "0")
+    return env
+
+
+def run_isa(isa: str, inputs, tmp_path, f32act: bool = False, worker: str = WORKER) -> dict:
+    out = tmp_path / f"out_{isa}_{int(f32act)}.npz"
+    env = isa_env(isa, f32act)
+    subprocess.run([sys.executable, "-c", worker, str(inputs), str(out)], env=env, check=True, timeout=300)
     res = dict(np.load(out))
-    assert str(res["isa"]) == isa
+    assert str(res["isa"]) == isa.split("-")[0]
     return res
+
+
+def q8_group(qtype: G) -> int:
+    return 256 if qtype in (G.Q4_K, G.Q5_K, G.Q6_K) else 32
+
+
+def q8(x: np.ndarray, group: int) -> np.ndarray:
+    """The kernels' activation quantizer, dequantized (float64): per group of
+    `group` values d = amax / 127, q = rint(x * (127 / amax)), all in f32."""
+    x = np.asarray(x, np.float32)
+    T, k = x.shape
+    xg = x.reshape(T, k // group, group)
+    amax = np.abs(xg).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xg * inv)  # f32 product, ties to even
+    assert np.abs(q).max(initial=0) <= 127
+    d = amax / np.float32(127)
+    return (d.astype(np.float64) * q.astype(np.float64)).reshape(T, k)
+
+
+def assert_int8_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G) -> None:
+    xq = q8(x, q8_group(qtype))
+    assert_matmul_close(y, wf, xq)  # exact integer sums: only f32 rounding
+    w64, x64 = wf.astype(np.float64), x.astype(np.float64)
+    ref = x64 @ w64.T
+    mag = np.abs(x64) @ np.abs(w64).T
+    err = np.abs(y.astype(np.float64) - ref)
+    assert np.all(err <= 1e-2 * mag + 1e-30), f"max err/(sum|w*x|) {np.max(err / (mag + 1e-30)):.3g}"
+    rounding = np.abs(x64 - xq) @ np.abs(w64).T  # what int8 activations may move each output
+    assert np.all(err <= 1.001 * rounding + 1e-5 * mag + 1e-30)
+    # the int8 path ran: the result follows q8(x), not x
+    assert np.max(np.abs(y - xq @ w64.T)) < 0.1 * np.max(np.abs(y - ref))
+
+
+def assert_result(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G, int8: bool) -> None:
+    if int8 and qtype in INT8_TYPES and x.shape[0] <= INT8_MAX_T:
+        assert_int8_close(y, wf, x, qtype)
+    else:
+        assert_matmul_close(y, wf, x)
 
 
 def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray) -> None:
@@ -131,10 +189,14 @@ def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray) -> None:
     assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
 
 
+@pytest.mark.parametrize("act", ["int8", "f32"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_isa_path_matches_numpy(isa, cases, tmp_path):
+def test_isa_path_matches_numpy(isa, act, cases, tmp_path):
     inputs, arrays = cases
-    res = run_isa(isa, inputs, tmp_path)
+    if act == "f32" and isa.endswith("novnni"):
+        pytest.skip("no int8 kernels on the f32 path")
+    int8 = act == "int8"
+    res = run_isa(isa, inputs, tmp_path, f32act=not int8)
     for qtype in TYPES:
         name, w = qtype.name, arrays["w_" + qtype.name]
         wf = oracle(w, qtype)
@@ -142,14 +204,15 @@ def test_isa_path_matches_numpy(isa, cases, tmp_path):
         assert got.dtype == np.float32 and got.shape == (wf.size,)
         assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), f"{name} dequantize differs"
         for T in T_VALUES:
-            assert_matmul_close(res[f"mm_{name}_{T}"], wf, arrays[f"x_{name}_{T}"])
+            assert_result(res[f"mm_{name}_{T}"], wf, arrays[f"x_{name}_{T}"], qtype, int8)
         if "w16_" + name in arrays:
             assert_matmul_close(res["mm16_" + name], oracle(arrays["w16_" + name], qtype), arrays["x16_" + name])
         if qtype in EXPERT_TYPES:
             we, xe, ids = arrays["we_" + name], arrays["xe_" + name], arrays["ids"]
             y = res["ex_" + name]
             for j, e in enumerate(ids):
-                assert_matmul_close(y[j:j + 1], oracle(we[e], qtype), xe[j:j + 1])
+                few = int(np.sum(ids == e)) <= INT8_MAX_T  # the expert's rows go through the int8 GEMV
+                assert_result(y[j:j + 1], oracle(we[e], qtype), xe[j:j + 1], qtype, int8 and few)
     # every f16 / bf16 bit pattern; hardware converters quiet signalling NaNs, so
     # f16 NaNs only need to stay NaN
     bits = arrays["all16"]
@@ -166,22 +229,132 @@ import sys
 import numpy as np
 from rapidmoe.engine import kernels
 d = np.load(sys.argv[1])
-ys = [kernels.ggml_matmul(d["w"], 12, d[x]) for x in ("x1", "x5")]  # the default pool (all usable cores)
+types = [int(t) for t in d["types"]]
+xs = ("x1", "x5", "x12")
+ys = [kernels.ggml_matmul(d[f"w{q}"], q, d[x]) for q in types for x in xs]  # the default pool (all usable cores)
 kernels.set_num_threads(1)  # lowering the pool size after work is safe; raising it is not (see report)
-ys += [kernels.ggml_matmul(d["w"], 12, d[x]) for x in ("x1", "x5")]
+ys += [kernels.ggml_matmul(d[f"w{q}"], q, d[x]) for q in types for x in xs]
 np.savez(sys.argv[2], *ys)
 """
 
 
 def test_results_do_not_depend_on_thread_count(tmp_path):
-    # Row blocks and column chunks are fixed, so the split over threads cannot change any sum.
+    # Row blocks and column chunks are fixed, so the split over threads cannot change any sum
+    # (int8 GEMV at T = 1, 5; the tiled path at T = 12).
     rng = np.random.default_rng(5)
     inputs, out = tmp_path / "in.npz", tmp_path / "out.npz"
-    np.savez(inputs, w=random_tensor(rng, G.Q4_K, 1100, 512), x1=rng.standard_normal((1, 512)).astype(np.float32),
-             x5=rng.standard_normal((5, 512)).astype(np.float32))
+    types = [G.Q4_K, G.Q6_K, G.Q8_0, G.Q4_1]
+    ws = {f"w{int(q)}": random_tensor(rng, q, 1100, 512) for q in types}
+    np.savez(inputs, types=np.array([int(q) for q in types]), x1=rng.standard_normal((1, 512)).astype(np.float32),
+             x5=rng.standard_normal((5, 512)).astype(np.float32), x12=rng.standard_normal((12, 512)).astype(np.float32),
+             **ws)
     subprocess.run([sys.executable, "-c", THREADS_WORKER, str(inputs), str(out)], check=True, timeout=120)
     ys = np.load(out)
-    assert np.array_equal(ys["arr_0"], ys["arr_2"]) and np.array_equal(ys["arr_1"], ys["arr_3"])
+    n = len(types) * 3
+    for i in range(n):
+        assert np.array_equal(ys[f"arr_{i}"], ys[f"arr_{i + n}"])
+
+
+SHAPES_WORKER = r"""
+import json, sys
+import numpy as np
+from rapidmoe.engine import kernels
+d = np.load(sys.argv[1])
+out = {"isa": np.array(kernels.isa_info()["active"])}
+for i, (qtype, T) in enumerate(json.loads(str(d["meta"]))):
+    out[f"y{i}"] = kernels.ggml_matmul(d[f"w{i}"], qtype, d[f"x{i}"][:T])
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.fixture(scope="module")
+def int8_shapes(tmp_path_factory):
+    # rows below / across the row tiles (8, 4) and row blocks (16); k from one block up; T = 1..8
+    rng = np.random.default_rng(11)
+    arrays, meta = {}, []
+    for qtype in INT8_TYPES:
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        for rows, nblk in [(1, 1), (3, 2), (17, 5), (33, 1), (9, 3)]:
+            k = block * nblk
+            i = len(meta)
+            arrays[f"w{i}"] = random_tensor(rng, qtype, rows, k)
+            arrays[f"x{i}"] = (rng.standard_normal((INT8_MAX_T, k)) * rng.uniform(0.1, 10, (1, k))).astype(np.float32)
+            for T in range(1, INT8_MAX_T + 1):
+                meta.append((int(qtype), T))
+                if T < INT8_MAX_T:
+                    arrays[f"w{len(meta)}"], arrays[f"x{len(meta)}"] = arrays[f"w{i}"], arrays[f"x{i}"]
+    path = tmp_path_factory.mktemp("ggml8") / "in.npz"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path, arrays, meta
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_gemv_odd_shapes(isa, int8_shapes, tmp_path):
+    inputs, arrays, meta = int8_shapes
+    res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
+    for i, (qtype, T) in enumerate(meta):
+        w, x = arrays[f"w{i}"], arrays[f"x{i}"][:T]
+        assert_int8_close(res[f"y{i}"], oracle(w, G(qtype)), x, G(qtype))
+
+
+def test_int8_activations_exactly_as_numpy(tmp_path):
+    # Q8_0 weights = identity (d = 1, one code 1 per row): y[t, j] = d_x * q_x[j] in f32, the
+    # quantized activations themselves, which must equal the numpy quantizer's bit for bit on
+    # every path (ties included: x = n + 1/2 with amax = 127, so x * 127 / amax is exact).
+    rng = np.random.default_rng(13)
+    k = 256
+    raw = np.zeros((k, k // 32, 34), np.uint8)
+    one = np.array([1], np.float16).view(np.uint8)
+    for j in range(k):
+        raw[j, j // 32, 0:2] = one
+        raw[j, j // 32, 2 + j % 32] = 1
+    raw = raw.reshape(k, -1)
+    x = (rng.standard_normal((8, k)) * np.exp(rng.uniform(-20, 20, (8, 1)))).astype(np.float32)
+    x[0] = np.resize(np.arange(-126.5, 127.5, 1.0, dtype=np.float32), k)
+    x[0, ::32] = 127  # amax of every group
+    x[1, 32:64] = 0   # an all-zero group
+    xg = x.reshape(8, k // 32, 32)
+    amax = np.abs(xg).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    want = ((amax / np.float32(127)) * np.rint(xg * inv)).astype(np.float32).reshape(8, k)
+    inputs = tmp_path / "in.npz"
+    meta = [(int(G.Q8_0), 8)]
+    np.savez(inputs, meta=np.array(json.dumps(meta)), w0=raw, x0=x)
+    for isa in ISAS:
+        try:
+            res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
+        except pytest.skip.Exception:
+            continue
+        assert np.array_equal(res["y0"], want), isa  # values: a zero may carry either sign
+
+
+NAN_WORKER = r"""
+import sys
+import numpy as np
+from rapidmoe.engine import kernels
+d = np.load(sys.argv[1])
+out = {"isa": np.array(kernels.isa_info()["active"])}
+for q in d["types"]:
+    out[f"y{q}"] = kernels.ggml_matmul(d[f"w{q}"], int(q), d["x"])
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_gemv_propagates_nan(isa, tmp_path):
+    # A NaN or inf activation makes its rows' outputs NaN (its group's scale is NaN).
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[0, 300] = np.nan
+    x[1, 7] = np.inf
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, types=np.array([int(q) for q in INT8_TYPES]), x=x,
+             **{f"w{int(q)}": random_tensor(rng, q, 5, 512) for q in INT8_TYPES})
+    res = run_isa(isa, inputs, tmp_path, worker=NAN_WORKER)
+    for q in INT8_TYPES:
+        y = res[f"y{int(q)}"]
+        assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), q.name
 
 
 def test_memmap_weights_and_vector_input(tmp_path):
@@ -233,6 +406,6 @@ def test_real_demo_tensors():
         wf = oracle(np.asarray(data), t.tensor_type)
         got = kernels.ggml_dequantize(data, t.tensor_type, wf.size)
         assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), name
-        for T in (1, 5):
+        for T in (1, 5, 9):
             x = rng.standard_normal((T, wf.shape[1])).astype(np.float32)
-            assert_matmul_close(kernels.ggml_matmul(data, t.tensor_type, x), wf, x)
+            assert_result(kernels.ggml_matmul(data, t.tensor_type, x), wf, x, G(t.tensor_type), int8=True)

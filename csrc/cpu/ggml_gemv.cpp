@@ -1,21 +1,30 @@
 // Matmul with weights kept in their GGUF type: y [T, rows] = x [T, k] @ W^T.
 //
-// Rows are processed in blocks of RB, spread over the thread pool. Two paths:
-// * small T (decode; up to 8 with AVX-512, 4 with AVX2): the ISA file's fused GEMV unpacks each weight block into
-//   registers and multiplies it at once; W is streamed from memory once.
+// Rows are processed in blocks of RB, spread over the thread pool. Paths:
+// * small T (decode, up to 8 rows) of the integer types with an int8 kernel
+//   (Q4_0..Q8_0, Q4_K..Q6_K): x is quantized once per call to int8 blocks
+//   (ggml_q8.h) and each weight block is dotted with integer instructions, as
+//   llama.cpp does. Results match dequantize(W) @ q8(x), not @ x.
+//   RAPIDMOE_GGML_F32ACT=1 turns this off (the path below, exact x).
+// * small T otherwise (up to 8 with AVX-512, 4 with AVX2): the ISA file's fused
+//   GEMV unpacks each weight block into f32 registers and multiplies it at once;
+//   W is streamed from memory once.
 // * larger T (prefill): each row block is dequantized KC columns at a time
 //   into a small f32 buffer (L1/L2 resident) and reused by every activation
 //   row, so each weight is dequantized once, not T times.
-// Activations stay f32 and weights dequantize exactly: results match
-// dequantize(W) @ x up to f32 summation order. This file is the only one that
-// calls parallel_for, so the ISA files stay free of library templates (see
-// ggml_blocks.h on linkage).
+// On the f32 paths activations stay f32 and weights dequantize exactly:
+// results match dequantize(W) @ x up to f32 summation order. Every path
+// computes each output row on its own, so the thread count never changes a
+// result. This file is the only one that calls parallel_for, so the ISA files
+// stay free of library templates (see ggml_blocks.h on linkage).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "ggml_blocks.h"
 #include "ggml_kernels.h"
+#include "ggml_q8.h"
 #include "isa.h"
 #include "threadpool.h"
 
@@ -63,6 +72,52 @@ TileFn tile_fn() {
   return gemm_tile_scalar;
 }
 
+// The int8-activation GEMV of the active ISA for `type`, if any.
+struct Q8Path {
+  int layout = Q8_NONE;
+  bool (*gemv)(int, const uint8_t*, size_t, size_t, size_t, const uint8_t*, size_t, size_t, float*, size_t) = nullptr;
+  void (*quant)(int, const float*, size_t, size_t, uint8_t*, size_t) = nullptr;
+};
+
+constexpr size_t Q8_MAX_T = 8;
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+Q8Path q8_path(int type, size_t k) {
+  // RAPIDMOE_GGML_F32ACT=1: exact f32 activations; RAPIDMOE_GGML_NOVNNI=1: the
+  // AVX-512 kernels without VNNI (what a CPU lacking it runs). Read once.
+  static const bool f32act = env_set("RAPIDMOE_GGML_F32ACT");
+  static const bool novnni = env_set("RAPIDMOE_GGML_NOVNNI");
+  Q8Path p;
+  if (f32act) return p;
+#if RMOE_X86
+  const Isa isa = active_isa();
+  if (isa >= Isa::Avx512) {
+    p = {q8_layout_avx512(type), cpu_features().avx512vnni && !novnni ? gemv_q8_avx512vnni : gemv_q8_avx512,
+         quantize_q8_avx512};
+  } else if (isa >= Isa::Avx2) {
+    p = {q8_layout_avx2(type), gemv_q8_avx2, quantize_q8_avx2};
+  } else
+#endif
+  {
+    p = {q8_layout_scalar(type), gemv_q8_scalar, quantize_q8_scalar};
+  }
+  if (p.layout == Q8_NONE || k == 0 || k % (size_t)type_info(type).block) p = Q8Path{};
+  return p;
+}
+
+// x [T, k] -> buf, quantized rows ld bytes apart.
+const uint8_t* quantize_rows(const Q8Path& p, const float* x, size_t k, size_t T, std::vector<uint8_t>& buf,
+                             size_t* ld) {
+  *ld = q8_row_bytes(p.layout, k);
+  if (buf.size() < T * *ld) buf.resize(T * *ld);
+  p.quant(p.layout, x, k, T, buf.data(), *ld);
+  return buf.data();
+}
+
 // Row blocks per thread chunk so that a chunk is worth waking a thread for
 // (~2^18 multiply-adds, tens of microseconds).
 size_t min_blocks(size_t k, size_t T) { return std::max<size_t>(1, ((size_t)1 << 18) / (RB * k * std::max<size_t>(1, T) + 1)); }
@@ -104,6 +159,22 @@ void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_
 
 void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const float* x, size_t T, float* y) {
   std::memset(y, 0, T * rows * sizeof(float));
+  if (T <= Q8_MAX_T) {
+    const Q8Path q8 = q8_path(type, k);
+    if (q8.gemv) {
+      thread_local std::vector<uint8_t> qbuf;  // the caller's thread: reused across calls
+      size_t ldq;
+      const uint8_t* xq = quantize_rows(q8, x, k, T, qbuf, &ldq);
+      parallel_for(
+          (rows + RB - 1) / RB,
+          [&](size_t b0, size_t b1, int) {
+            const size_t r0 = b0 * RB, r1 = std::min(rows, b1 * RB);
+            q8.gemv(type, w + r0 * rb, rb, k, r1 - r0, xq, ldq, T, y + r0, rows);
+          },
+          min_blocks(k, T));
+      return;
+    }
+  }
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
   const size_t nblocks = (rows + RB - 1) / RB;
@@ -134,12 +205,29 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
     if (count[e + 1] > count[e]) used.push_back(e);
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
+  // Experts with few rows take the int8 GEMV: quantize x once if any does.
+  const Q8Path q8 = q8_path(type, k);
+  std::vector<uint8_t> qbuf;
+  size_t ldq = 0;
+  const uint8_t* xq = nullptr;
+  if (q8.gemv)
+    for (size_t e : used)
+      if (count[e + 1] - count[e] <= Q8_MAX_T) {
+        xq = quantize_rows(q8, xg.data(), k, n, qbuf, &ldq);
+        break;
+      }
   parallel_for(
       used.size() * nrb,
       [&](size_t i0, size_t i1, int) {
         for (size_t i = i0; i < i1; ++i) {
           const size_t e = used[i / nrb], b = i % nrb;
           const size_t t0 = count[e], nt = count[e + 1] - t0;
+          if (xq && nt <= Q8_MAX_T) {
+            const size_t r0 = b * RB, r1 = std::min(rows, (b + 1) * RB);
+            q8.gemv(type, w + e * rows * rb + r0 * rb, rb, k, r1 - r0, xq + t0 * ldq, ldq, nt,
+                    yg.data() + t0 * rows + r0, rows);
+            continue;
+          }
           row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
                     yg.data() + t0 * rows, rows, tile, fused);
         }

@@ -42,6 +42,26 @@ bool gemv_fused_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr,
 bool gemv_fused_avx512(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const float* x, size_t nt,
                        float* y, size_t ldy);
 
+// ---- int8 activations (ggml_q8.h) ----
+// Layout (Q8Layout) the active ISA's int8 GEMV wants for `type`; Q8_NONE: none.
+int q8_layout_scalar(int type);
+int q8_layout_avx2(int type);
+int q8_layout_avx512(int type);
+// T rows of x [T, k] -> dst, ld bytes a row (q8_row_bytes); identical bytes on every ISA.
+void quantize_q8_scalar(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld);
+void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld);
+void quantize_q8_avx512(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld);
+// y[t*ldy + r] = dot(row r of W [nr, rb], row t of xq), t < nt <= 8; xq as the
+// ISA's q8_layout_* for type. Returns false (nothing done) for other types.
+bool gemv_q8_scalar(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,
+                    size_t nt, float* y, size_t ldy);
+bool gemv_q8_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,
+                  size_t nt, float* y, size_t ldy);
+bool gemv_q8_avx512(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,
+                    size_t nt, float* y, size_t ldy);       // maddubs + madd
+bool gemv_q8_avx512vnni(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq,
+                        size_t ldq, size_t nt, float* y, size_t ldy);  // vpdpbusd / vpdpwssd
+
 // y[t*ldy + r] += dot(w[r*ldw .. +k], x[t*ldx .. +k]) for r < nr, t < nt.
 void gemm_tile_scalar(const float* w, size_t ldw, size_t nr, const float* x, size_t ldx, size_t nt,
                       size_t k, float* y, size_t ldy);
