@@ -159,21 +159,25 @@ void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_
 
 void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const float* x, size_t T, float* y) {
   std::memset(y, 0, T * rows * sizeof(float));
-  if (T <= Q8_MAX_T) {
-    const Q8Path q8 = q8_path(type, k);
-    if (q8.gemv) {
-      thread_local std::vector<uint8_t> qbuf;  // the caller's thread: reused across calls
-      size_t ldq;
-      const uint8_t* xq = quantize_rows(q8, x, k, T, qbuf, &ldq);
-      parallel_for(
-          (rows + RB - 1) / RB,
-          [&](size_t b0, size_t b1, int) {
-            const size_t r0 = b0 * RB, r1 = std::min(rows, b1 * RB);
-            q8.gemv(type, w + r0 * rb, rb, k, r1 - r0, xq, ldq, T, y + r0, rows);
-          },
-          min_blocks(k, T));
-      return;
-    }
+  const Q8Path q8 = q8_path(type, k);
+  if (q8.gemv) {
+    // Any T: x quantized once; each row block (L1/L2 resident) meets the tokens
+    // 8 at a time, so prefill and decode give the same numbers for a token.
+    thread_local std::vector<uint8_t> qbuf;  // the caller's thread: reused across calls
+    size_t ldq;
+    const uint8_t* xq = quantize_rows(q8, x, k, T, qbuf, &ldq);
+    parallel_for(
+        (rows + RB - 1) / RB,
+        [&](size_t b0, size_t b1, int) {
+          for (size_t b = b0; b < b1; ++b) {
+            const size_t r0 = b * RB, r1 = std::min(rows, (b + 1) * RB);
+            for (size_t t0 = 0; t0 < T; t0 += Q8_MAX_T)
+              q8.gemv(type, w + r0 * rb, rb, k, r1 - r0, xq + t0 * ldq, ldq, std::min(Q8_MAX_T, T - t0),
+                      y + t0 * rows + r0, rows);
+          }
+        },
+        min_blocks(k, T));
+    return;
   }
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
