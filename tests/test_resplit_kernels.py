@@ -108,14 +108,17 @@ def _paths():
     return order[: order.index(best) + 1] if best in order else ["scalar"]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-novnni"])
 def test_kernels_every_isa_path(isa):
-    if isa not in _paths():
+    path = isa.split("-")[0]  # avx512-novnni: AVX-512 without VNNI/VBMI (WR on f32 activations)
+    if path not in _paths():
         pytest.skip(f"this CPU cannot run {isa}")
     env = dict(os.environ, RAPIDMOE_ISA=isa)
     code = ("import sys; sys.path.insert(0, %r); import test_resplit_kernels as t; "
             "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == %r; "
-            "t.check_all(1); print('ok')" % (os.path.dirname(__file__), isa))
+            "assert kernels.isa_info()['wr_int8'] == %r; "
+            "t.check_all(1); print('ok')" % (os.path.dirname(__file__), path,
+                                              isa == "avx512" and kernels.isa_info()["wr_int8"]))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
 
