@@ -48,6 +48,7 @@ struct XBlk {
   const int8_t* q;     // the block's int8 values
   const int16_t* bs;   // its 16-value sums
   float dx;            // its scale (per block for 32-blocks, per super-block for K)
+  float s;             // 32-blocks: the min term (ggml_q8.h); K: unused
 };
 
 // ---- 32-weight blocks: the block's 32 codes as u8 in one ymm ----
@@ -75,7 +76,7 @@ RMOE_INLINE __m256i bit4_of(uint32_t qh) {
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: codes c in [0, 16) or [0, 32),
 //   w = d * (c - off)  (off 8 / 16)       sum w*x = d*dx * (sum c*q - off * xsum)
-//   w = d * c + m                         sum w*x = d*dx * sum c*q + m * (dx * xsum)
+//   w = d * c + m                         sum w*x = d*dx * sum c*q + m * s
 // The integer offset rides in the dot product's initial value.
 template <int TYPE, bool VNNI, bool AVX512>
 struct K32 {
@@ -95,9 +96,8 @@ struct K32 {
       const __m256i init = _mm256_setr_epi32(-off * xsum, 0, 0, 0, 0, 0, 0, 0);
       const __m256i s = dot_us<VNNI>(init, c, q8_ld256(xb[t].q));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb[t].dx), acc[t]);
-      if constexpr (has_m)  // m * dx * xsum, spread over the 8 lanes (exact /8)
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8_h2f(b + 2)), _mm256_set1_ps(0.125f * (xb[t].dx * (float)xsum)),
-                                 acc[t]);
+      if constexpr (has_m)  // m * s, spread over the 8 lanes (exact /8)
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8_h2f(b + 2)), _mm256_set1_ps(0.125f * xb[t].s), acc[t]);
     }
   }
 };
@@ -182,8 +182,9 @@ void q8_tile(const uint8_t* w, size_t rb, size_t nb, const Q8View& x, float* y, 
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   const int8_t* xq[T];
   const float* xd[T];
+  const float* xm[T];
   const int16_t* xs[T];
-  for (int t = 0; t < T; ++t) xq[t] = x.qs(t), xd[t] = x.d(t), xs[t] = x.bsum(t);
+  for (int t = 0; t < T; ++t) xq[t] = x.qs(t), xd[t] = x.d(t), xm[t] = x.s(t), xs[t] = x.bsum(t);
   for (size_t i = 0; i < nb; ++i) {
     // PREFETCH bytes ahead in the row, or past its end: the same place in the
     // row the next group of R rows will read (never faults, even past the matrix).
@@ -191,7 +192,7 @@ void q8_tile(const uint8_t* w, size_t rb, size_t nb, const Q8View& x, float* y, 
     if (ahead >= rb) ahead += (R - 1) * rb;
     XBlk xb[T];
     for (int t = 0; t < T; ++t)
-      xb[t] = {xq[t] + i * K::block, xs[t] + i * (K::block / 16), xd[t][i]};
+      xb[t] = {xq[t] + i * K::block, xs[t] + i * (K::block / 16), xd[t][i], K::block == 32 ? xm[t][i] : 0.0f};
     for (int r = 0; r < R; ++r) {
       for (int p = 0; p < K::bytes; p += 64)
         _mm_prefetch(reinterpret_cast<const char*>(w + r * rb + ahead) + p, _MM_HINT_T0);
