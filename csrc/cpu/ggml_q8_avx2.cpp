@@ -30,7 +30,7 @@ struct KQ45 {
     return b <= 4 ? _mm256_slli_epi16(m, 4 - b) : _mm256_srli_epi16(m, b - 4);
   }
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b), dmin = q8_h2f(b + 2);
     uint32_t u[4];
     k4_unpack_scales(b + 4, u);

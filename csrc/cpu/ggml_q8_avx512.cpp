@@ -56,7 +56,7 @@ template <bool Q5, bool VNNI>
 struct KQ45 {
   static constexpr int block = 256, bytes = Q5 ? 176 : 144;
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b), dmin = q8_h2f(b + 2);
     uint32_t u[4];
     k4_unpack_scales(b + 4, u);
