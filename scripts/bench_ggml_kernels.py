@@ -85,26 +85,45 @@ def validate(kernels, name: str) -> None:
     got = kernels.ggml_dequantize(w, int(G[name]), wf.size)
     if not np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)):
         raise SystemExit(f"{name}: dequantize differs from gguf-py")
-    xr = x.astype(np.float64)
+    xr, w64 = x.astype(np.float64), wf.astype(np.float64)
+    ref = xr @ w64.T
+    mag = np.abs(xr) @ np.abs(w64).T
     if os.environ.get("RAPIDMOE_GGML_F32ACT") != "1" and name in INT8_TYPES:
-        xr = q8(x, 256 if name.endswith("_K") else 32)  # the int8 path computes deq(W) @ q8(x)
-    ref = xr @ wf.astype(np.float64).T
+        # the int8 path computes deq(W) @ q8(x); Q4_1 / Q5_1 take their min times q8_1's sum term s
+        xr, s = q8(x, 256 if name.endswith("_K") else 32)
+        if name in ("Q4_1", "Q5_1"):
+            blocks = w.reshape(-1, gguf.GGML_QUANT_SIZES[G[name]][1]).copy()
+            m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(w.shape[0], -1)
+            blocks[:, 2:4] = 0  # d * c alone
+            w64 = gguf.quants.dequantize(blocks.reshape(w.shape), G[name]).astype(np.float64)
+            ref = xr @ w64.T + s @ m.T
+            mag = np.abs(xr) @ np.abs(w64).T + np.abs(s) @ np.abs(m).T
+        else:
+            ref = xr @ w64.T
+            mag = np.abs(xr) @ np.abs(w64).T
     err = np.abs(kernels.ggml_matmul(w, int(G[name]), x) - ref)
-    if np.any(err > 1e-5 * (np.abs(xr) @ np.abs(wf).T)):
+    if np.any(err > 1e-5 * mag):
         raise SystemExit(f"{name}: matmul error above bound")
 
 
 INT8_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 
 
-def q8(x: np.ndarray, group: int) -> np.ndarray:
-    """Activations as the int8 GEMV sees them: per group d = amax/127, q = rint(x * 127/amax)."""
+def q8(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Activations as the int8 GEMV sees them (llama.cpp's q8_0 / q8_1 / q8_K): per
+    group d = amax/127 (rounded to f16 for groups of 32), q = rint(x * 127/amax).
+    Returns d * q [T, k] and, per group, s = f16(d * sum q) (float64)."""
     T, k = x.shape
     xg = x.reshape(T, k // group, group)
     amax = np.abs(xg).max(-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    return ((amax / np.float32(127)).astype(np.float64) * np.rint(xg * inv)).reshape(T, k)
+    q = np.rint(xg * inv)
+    d = amax / np.float32(127)
+    s = (d * q.sum(-1, keepdims=True, dtype=np.float32)).astype(np.float16).astype(np.float64)
+    if group == 32:
+        d = d.astype(np.float16).astype(np.float32)
+    return (d.astype(np.float64) * q).reshape(T, k), s.reshape(T, -1)
 
 
 def worker(types: list[str], threads: list[int], gemm: bool) -> None:

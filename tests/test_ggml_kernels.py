@@ -4,17 +4,18 @@ Each ISA path runs in its own subprocess (the path is chosen once per process
 from RAPIDMOE_ISA) on the same inputs; the parent checks the results:
 * dequantize: bit-exact with gguf.quants.dequantize (random valid blocks);
 * matmul / expert_matmul on the f32-activation paths (RAPIDMOE_GGML_F32ACT=1,
-  or T > 8, or a type without an int8 kernel): against deq(W) @ x in float64.
+  or a type without an int8 kernel): against deq(W) @ x in float64.
   Activations stay f32 and the weights are dequantized exactly, so the only
   error is f32 summation: at most ~(k/lanes + chunks) roundings of 2^-24
   relative to sum|w*x|; with k = 768 and >= 8 lanes that is < 1e-5, and the
   bound below is 1e-5 * sum|w*x|.
-* the int8-activation GEMV (T <= 8; Q4_0..Q8_0, Q4_K..Q6_K): x is quantized
-  to int8 blocks (q8 below, the kernels' quantizer in numpy) and the integer
-  sums are exact, so against deq(W) @ q8(x) the same 1e-5 bound holds. Against
-  the exact deq(W) @ x the error must stay within the int8 rounding of x,
-  sum |x - q8(x)| |w|, and below 1e-2 * sum|w*x|; and it must be much closer
-  to the q8 product than to the exact one (the int8 path really ran).
+* the int8-activation GEMV (any T; Q4_0..Q8_0, Q4_K..Q6_K): x is quantized
+  to int8 blocks as llama.cpp's q8_0 / q8_1 / q8_K (q8_parts below, in numpy:
+  f16 scales for groups of 32) and the integer sums are exact, so against
+  deq(W) @ q8(x) (with the q8_1 sum term for Q4_1 / Q5_1) the same 1e-5 bound
+  holds. Against the exact deq(W) @ x the error must stay within the int8
+  rounding of x and below 1e-2 * sum|w*x|; and it must be much closer to the
+  q8 product than to the exact one (the int8 path really ran).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a 
 K_FLOAT = 97     # float types take any k: exercises the masked tails
 K_FLOAT16 = 160  # ... and whole vectors of 16: the fused GEMV (T <= 4)
 ROWS = 37        # odd, not a multiple of the 16-row blocks
-T_VALUES = [1, 3, 7, 20]  # fused GEMV up to 8 (AVX-512) / 4 (AVX2) rows, tiled beyond
+T_VALUES = [1, 3, 7, 20]  # f32: fused GEMV up to 8 (AVX-512) / 4 (AVX2) rows, tiled beyond; int8: 8 at a time
 
 
 def random_tensor(rng: np.random.Generator, qtype: G, rows: int, k: int) -> np.ndarray:
@@ -114,7 +115,7 @@ def cases(tmp_path_factory):
             arrays["we_" + qtype.name] = np.stack([random_tensor(rng, qtype, E_ROWS, k) for _ in range(E)])
             arrays["xe_" + qtype.name] = rng.standard_normal((N_TOK, k)).astype(np.float32)
     arrays["all16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16)  # every 16-bit pattern
-    # expert 2 unused; expert 3 gets 9 rows (the tiled path), the others 2 (the fused GEMV)
+    # expert 2 unused; expert 3 gets 9 rows (f32: the tiled path; int8: 8 + 1), the others 2 (the fused GEMV)
     arrays["ids"] = np.array([3, 0, 3, 1, 4, 3, 0, 1, 3, 3, 3, 3, 4, 3, 3], dtype=np.int32)
     assert len(arrays["ids"]) == N_TOK
     path = tmp_path_factory.mktemp("ggml") / "in.npz"
@@ -145,38 +146,81 @@ def q8_group(qtype: G) -> int:
     return 256 if qtype in (G.Q4_K, G.Q5_K, G.Q6_K) else 32
 
 
-def q8(x: np.ndarray, group: int) -> np.ndarray:
-    """The kernels' activation quantizer, dequantized (float64): per group of
-    `group` values d = amax / 127, q = rint(x * (127 / amax)), all in f32."""
+def f16(a) -> np.ndarray:
+    """f32 values rounded to the nearest IEEE half (ties to even), back in f32."""
+    with np.errstate(over="ignore"):
+        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def q8_parts(x: np.ndarray, group: int):
+    """The kernels' activation quantizer (llama.cpp's q8_0 / q8_1 for groups of
+    32, q8_K for 256): q = rint(x * (127 / amax)) per group, all in f32, and
+    d = amax / 127, rounded to f16 for groups of 32. Returns q [T, k], d [T, k/group]
+    and, for groups of 32, s = f16(d * sum q) (unrounded d), the term a weight
+    block's min multiplies (None for 256)."""
     x = np.asarray(x, np.float32)
     T, k = x.shape
     xg = x.reshape(T, k // group, group)
-    amax = np.abs(xg).max(-1, keepdims=True)
+    amax = np.abs(xg).max(-1)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xg * inv)  # f32 product, ties to even
+    q = np.rint(xg * inv[..., None])  # f32 product, ties to even
     assert np.abs(q).max(initial=0) <= 127
     d = amax / np.float32(127)
-    return (d.astype(np.float64) * q.astype(np.float64)).reshape(T, k)
+    if group != 32:
+        return q.reshape(T, k), d, None
+    s = f16(d * q.sum(-1, dtype=np.float32))  # exact integer sum, one f32 product
+    return q.reshape(T, k), f16(d), s
 
 
-def assert_int8_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G) -> None:
-    xq = q8(x, q8_group(qtype))
-    assert_matmul_close(y, wf, xq)  # exact integer sums: only f32 rounding
+def q8(x: np.ndarray, group: int) -> np.ndarray:
+    """q8(x) dequantized (float64): d * q."""
+    q, d, _ = q8_parts(x, group)
+    return np.repeat(d.astype(np.float64), group, axis=1) * q.astype(np.float64)
+
+
+def split_min(raw: np.ndarray, qtype: G):
+    """Q4_1 / Q5_1 rows -> (d * c as float64 [rows, k], the block mins m [rows, k/32])."""
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    blocks = np.ascontiguousarray(raw).reshape(-1, size).copy()
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(raw.shape[0], -1)
+    blocks[:, 2:4] = 0
+    return oracle(blocks.reshape(raw.shape), qtype).astype(np.float64), m
+
+
+def assert_int8_close(y: np.ndarray, raw: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G) -> None:
+    group = q8_group(qtype)
+    q, d, s = q8_parts(x, group)
+    xq = np.repeat(d.astype(np.float64), group, axis=1) * q.astype(np.float64)
     w64, x64 = wf.astype(np.float64), x.astype(np.float64)
+    if qtype in (G.Q4_1, G.Q5_1):  # sum w*x = sum (d*c) * (dx*q) + m * s per block
+        wc, m = split_min(raw, qtype)
+        s64 = s.astype(np.float64)
+        ref_q = xq @ wc.T + s64 @ m.T
+        mag_q = np.abs(xq) @ np.abs(wc).T + np.abs(s64) @ np.abs(m).T
+        xsum = x64.reshape(x.shape[0], -1, 32).sum(-1)
+        rounding = np.abs(x64 - xq) @ np.abs(wc).T + np.abs(xsum - s64) @ np.abs(m).T
+    else:
+        ref_q = xq @ w64.T
+        mag_q = np.abs(xq) @ np.abs(w64).T
+        rounding = np.abs(x64 - xq) @ np.abs(w64).T  # what int8 activations may move each output
+    # exact integer sums: only f32 rounding
+    err_q = np.abs(y.astype(np.float64) - ref_q)
+    assert y.shape == ref_q.shape
+    assert np.all(err_q <= 1e-5 * mag_q + 1e-30), f"max err/bound {np.max(err_q / (1e-5 * mag_q + 1e-30)):.3g}"
     ref = x64 @ w64.T
     mag = np.abs(x64) @ np.abs(w64).T
     err = np.abs(y.astype(np.float64) - ref)
     assert np.all(err <= 1e-2 * mag + 1e-30), f"max err/(sum|w*x|) {np.max(err / (mag + 1e-30)):.3g}"
-    rounding = np.abs(x64 - xq) @ np.abs(w64).T  # what int8 activations may move each output
     assert np.all(err <= 1.001 * rounding + 1e-5 * mag + 1e-30)
     # the int8 path ran: the result follows q8(x), not x
-    assert np.max(np.abs(y - xq @ w64.T)) < 0.1 * np.max(np.abs(y - ref))
+    assert np.max(err_q) < 0.1 * np.max(err)
 
 
-def assert_result(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G, int8: bool) -> None:
-    if int8 and qtype in INT8_TYPES and x.shape[0] <= INT8_MAX_T:
-        assert_int8_close(y, wf, x, qtype)
+def assert_result(y: np.ndarray, raw: np.ndarray, x: np.ndarray, qtype: G, int8: bool) -> None:
+    wf = oracle(raw, qtype)
+    if int8 and qtype in INT8_TYPES:
+        assert_int8_close(y, raw, wf, x, qtype)
     else:
         assert_matmul_close(y, wf, x)
 
@@ -204,15 +248,14 @@ def test_isa_path_matches_numpy(isa, act, cases, tmp_path):
         assert got.dtype == np.float32 and got.shape == (wf.size,)
         assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), f"{name} dequantize differs"
         for T in T_VALUES:
-            assert_result(res[f"mm_{name}_{T}"], wf, arrays[f"x_{name}_{T}"], qtype, int8)
+            assert_result(res[f"mm_{name}_{T}"], w, arrays[f"x_{name}_{T}"], qtype, int8)
         if "w16_" + name in arrays:
             assert_matmul_close(res["mm16_" + name], oracle(arrays["w16_" + name], qtype), arrays["x16_" + name])
         if qtype in EXPERT_TYPES:
             we, xe, ids = arrays["we_" + name], arrays["xe_" + name], arrays["ids"]
             y = res["ex_" + name]
             for j, e in enumerate(ids):
-                few = int(np.sum(ids == e)) <= INT8_MAX_T  # the expert's rows go through the int8 GEMV
-                assert_result(y[j:j + 1], oracle(we[e], qtype), xe[j:j + 1], qtype, int8 and few)
+                assert_result(y[j:j + 1], we[e], xe[j:j + 1], qtype, int8)
     # every f16 / bf16 bit pattern; hardware converters quiet signalling NaNs, so
     # f16 NaNs only need to stay NaN
     bits = arrays["all16"]
@@ -294,13 +337,16 @@ def test_int8_gemv_odd_shapes(isa, int8_shapes, tmp_path):
     res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
     for i, (qtype, T) in enumerate(meta):
         w, x = arrays[f"w{i}"], arrays[f"x{i}"][:T]
-        assert_int8_close(res[f"y{i}"], oracle(w, G(qtype)), x, G(qtype))
+        assert_int8_close(res[f"y{i}"], w, oracle(w, G(qtype)), x, G(qtype))
 
 
 def test_int8_activations_exactly_as_numpy(tmp_path):
     # Q8_0 weights = identity (d = 1, one code 1 per row): y[t, j] = d_x * q_x[j] in f32, the
     # quantized activations themselves, which must equal the numpy quantizer's bit for bit on
     # every path (ties included: x = n + 1/2 with amax = 127, so x * 127 / amax is exact).
+    # Scales d from below the f16 subnormals (d = 0), among them, up to ~2^7 (s up to ~2^15).
+    # And Q4_1 weights with d = 0, m = 1: y[t, j] = s of group j, the q8_1 sum term
+    # f16(d * sum q), bit for bit.
     rng = np.random.default_rng(13)
     k = 256
     raw = np.zeros((k, k // 32, 34), np.uint8)
@@ -309,24 +355,47 @@ def test_int8_activations_exactly_as_numpy(tmp_path):
         raw[j, j // 32, 0:2] = one
         raw[j, j // 32, 2 + j % 32] = 1
     raw = raw.reshape(k, -1)
-    x = (rng.standard_normal((8, k)) * np.exp(rng.uniform(-20, 20, (8, 1)))).astype(np.float32)
+    raw41 = np.zeros((k // 32, k // 32, 20), np.uint8)
+    for j in range(k // 32):
+        raw41[j, j, 2:4] = one
+    raw41 = raw41.reshape(k // 32, -1)
+    x = (rng.standard_normal((8, k)) * np.exp2([0, -15, -40, -8, 10, 5, -17, 12])[:, None]).astype(np.float32)
     x[0] = np.resize(np.arange(-126.5, 127.5, 1.0, dtype=np.float32), k)
     x[0, ::32] = 127  # amax of every group
     x[1, 32:64] = 0   # an all-zero group
-    xg = x.reshape(8, k // 32, 32)
-    amax = np.abs(xg).max(-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    want = ((amax / np.float32(127)) * np.rint(xg * inv)).astype(np.float32).reshape(8, k)
+    q, d, s = q8_parts(x, 32)
+    assert np.all(d[2] == 0) and np.all(d[6] < 2.0**-14) and np.any(d[6] > 0) and np.all(d[7] > 50)
+    want = (np.repeat(d, 32, axis=1) * q).astype(np.float32)
     inputs = tmp_path / "in.npz"
-    meta = [(int(G.Q8_0), 8)]
-    np.savez(inputs, meta=np.array(json.dumps(meta)), w0=raw, x0=x)
+    meta = [(int(G.Q8_0), 8), (int(G.Q4_1), 8)]
+    np.savez(inputs, meta=np.array(json.dumps(meta)), w0=raw, x0=x, w1=raw41, x1=x)
     for isa in ISAS:
         try:
             res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
         except pytest.skip.Exception:
             continue
         assert np.array_equal(res["y0"], want), isa  # values: a zero may carry either sign
+        assert np.array_equal(res["y1"], s), isa
+
+
+def test_int8_token_results_do_not_depend_on_the_batch():
+    # matmul and expert_matmul give a token the same bits alone or among others
+    # (prefill vs decode): the int8 kernels take any number of tokens 8 at a time.
+    if os.environ.get("RAPIDMOE_GGML_F32ACT", "0") not in ("", "0"):
+        pytest.skip("int8 activations are off")
+    rng = np.random.default_rng(21)
+    ids = np.array([0] * 11 + [2] * 9 + [0] * 8, dtype=np.int32)[rng.permutation(28)]  # 19 and 9 rows
+    for qtype in (G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K):
+        k = 512
+        x = rng.standard_normal((len(ids), k)).astype(np.float32)
+        w = random_tensor(rng, qtype, 21, k)
+        y = kernels.ggml_matmul(w, qtype, x)
+        we = np.stack([random_tensor(rng, qtype, 21, k) for _ in range(3)])
+        ye = kernels.ggml_expert_matmul(we, qtype, ids, x)
+        for j in range(len(ids)):
+            assert np.array_equal(y[j], kernels.ggml_matmul(w, qtype, x[j])), qtype.name
+            assert np.array_equal(ye[j], kernels.ggml_expert_matmul(we, qtype, ids[j:j + 1], x[j:j + 1])[0]), qtype.name
+        assert_int8_close(ye[ids == 0], we[0], oracle(we[0], qtype), x[ids == 0], qtype)
 
 
 NAN_WORKER = r"""
@@ -408,4 +477,4 @@ def test_real_demo_tensors():
         assert np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)), name
         for T in (1, 5, 9):
             x = rng.standard_normal((T, wf.shape[1])).astype(np.float32)
-            assert_result(kernels.ggml_matmul(data, t.tensor_type, x), wf, x, G(t.tensor_type), int8=True)
+            assert_result(kernels.ggml_matmul(data, t.tensor_type, x), np.asarray(data), x, G(t.tensor_type), int8=True)

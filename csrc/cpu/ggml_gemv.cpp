@@ -1,11 +1,12 @@
 // Matmul with weights kept in their GGUF type: y [T, rows] = x [T, k] @ W^T.
 //
 // Rows are processed in blocks of RB, spread over the thread pool. Paths:
-// * small T (decode, up to 8 rows) of the integer types with an int8 kernel
-//   (Q4_0..Q8_0, Q4_K..Q6_K): x is quantized once per call to int8 blocks
-//   (ggml_q8.h) and each weight block is dotted with integer instructions, as
-//   llama.cpp does. Results match dequantize(W) @ q8(x), not @ x.
-//   RAPIDMOE_GGML_F32ACT=1 turns this off (the path below, exact x).
+// * the integer types with an int8 kernel (Q4_0..Q8_0, Q4_K..Q6_K), any T:
+//   x is quantized once per call to int8 blocks (ggml_q8.h) and each weight
+//   block is dotted with integer instructions, as llama.cpp does, 8 tokens at
+//   a time. Results match dequantize(W) @ q8(x), not @ x, and a token's results
+//   do not depend on the other tokens of the call (matmul and expert_matmul).
+//   RAPIDMOE_GGML_F32ACT=1 turns this off (the paths below, exact x).
 // * small T otherwise (up to 8 with AVX-512, 4 with AVX2): the ISA file's fused
 //   GEMV unpacks each weight block into f32 registers and multiplies it at once;
 //   W is streamed from memory once.
@@ -209,31 +210,28 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
     if (count[e + 1] > count[e]) used.push_back(e);
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
-  // Experts with few rows take the int8 GEMV: quantize x once if any does.
+  // With an int8 kernel, x is quantized once and each expert's row block meets
+  // its tokens 8 at a time, as in matmul: a token's numbers do not depend on
+  // what else is in the batch.
   const Q8Path q8 = q8_path(type, k);
   std::vector<uint8_t> qbuf;
   size_t ldq = 0;
-  const uint8_t* xq = nullptr;
-  if (q8.gemv)
-    for (size_t e : used)
-      if (count[e + 1] - count[e] <= Q8_MAX_T) {
-        xq = quantize_rows(q8, xg.data(), k, n, qbuf, &ldq);
-        break;
-      }
+  const uint8_t* xq = q8.gemv && n ? quantize_rows(q8, xg.data(), k, n, qbuf, &ldq) : nullptr;
   parallel_for(
       used.size() * nrb,
       [&](size_t i0, size_t i1, int) {
         for (size_t i = i0; i < i1; ++i) {
           const size_t e = used[i / nrb], b = i % nrb;
           const size_t t0 = count[e], nt = count[e + 1] - t0;
-          if (xq && nt <= Q8_MAX_T) {
-            const size_t r0 = b * RB, r1 = std::min(rows, (b + 1) * RB);
-            q8.gemv(type, w + e * rows * rb + r0 * rb, rb, k, r1 - r0, xq + t0 * ldq, ldq, nt,
-                    yg.data() + t0 * rows + r0, rows);
+          const size_t r0 = b * RB, r1 = std::min(rows, (b + 1) * RB);
+          if (xq) {
+            for (size_t t = t0; t < t0 + nt; t += Q8_MAX_T)
+              q8.gemv(type, w + e * rows * rb + r0 * rb, rb, k, r1 - r0, xq + t * ldq, ldq,
+                      std::min(Q8_MAX_T, t0 + nt - t), yg.data() + t * rows + r0, rows);
             continue;
           }
-          row_block(type, w + e * rows * rb, rb, k, b * RB, std::min(rows, (b + 1) * RB), xg.data() + t0 * k, nt,
-                    yg.data() + t0 * rows, rows, tile, fused);
+          row_block(type, w + e * rows * rb, rb, k, r0, r1, xg.data() + t0 * k, nt, yg.data() + t0 * rows, rows,
+                    tile, fused);
         }
       },
       min_blocks(k, (n + used.size() - 1) / std::max<size_t>(1, used.size())));

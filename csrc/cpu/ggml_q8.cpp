@@ -1,7 +1,7 @@
 // Scalar reference of the int8-activation GEMV (ggml_q8.h): the activation
 // quantizer every ISA must match byte for byte, and per weight block the
 // integer sums the vector kernels compute (in another order, same values).
-// Per block the float part is: y += (d_w * d_x) * sumi [+ m_w * (d_x * xsum)
+// Per block the float part is: y += (d_w * d_x) * sumi [+ m_w * s_x
 // or - (dmin_w * d_x) * summ], sumi and summ exact integers.
 #include <cfloat>
 #include <cmath>
@@ -25,10 +25,7 @@ void quantize_q8_scalar(int layout, const float* x, size_t k, size_t T, uint8_t*
   const size_t G = q8_group(layout);
   for (size_t t = 0; t < T; ++t) {
     const float* xr = x + t * k;
-    uint8_t* row = dst + t * ld;
-    int8_t* qs = reinterpret_cast<int8_t*>(row);
-    float* d = reinterpret_cast<float*>(row + k);
-    int16_t* bs = reinterpret_cast<int16_t*>(row + k + 4 * (k / G));
+    const Q8Row row = q8_row(layout, dst + t * ld, k);
     for (size_t g = 0; g < k / G; ++g) {
       const float* xg = xr + g * G;
       float amax = 0.0f;
@@ -39,17 +36,18 @@ void quantize_q8_scalar(int layout, const float* x, size_t k, size_t T, uint8_t*
         amax = a > amax ? a : amax;
       }
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      d[g] = bad ? NAN : amax / 127.0f;
+      const float d = bad ? NAN : amax / 127.0f;
       for (size_t j = 0; j < G; j += 16) {
         int sum = 0;
         for (size_t l = 0; l < 16; ++l) {
           const int q = bad ? 0 : (int)std::nearbyint(xg[j + l] * id);  // ties to even, as cvtps2dq
           const size_t e = g * G + j + l;
-          qs[layout == Q8_K_SWAP ? q8_swap_pos(e) : e] = (int8_t)q;
+          row.qs[layout == Q8_K_SWAP ? q8_swap_pos(e) : e] = (int8_t)q;
           sum += q;
         }
-        bs[(g * G + j) / 16] = (int16_t)sum;
+        row.bsum[(g * G + j) / 16] = (int16_t)sum;
       }
+      q8_set_scales(layout, row, g, d);
     }
   }
 }
@@ -57,7 +55,8 @@ void quantize_q8_scalar(int layout, const float* x, size_t k, size_t T, uint8_t*
 namespace {
 
 // dot of one weight row (nb blocks) with one activation row (natural order).
-float dot_row(int type, const uint8_t* w, size_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+float dot_row(int type, const uint8_t* w, size_t nb, const int8_t* xq, const float* xd, const float* xs,
+              const int16_t* bs) {
   float acc = 0.0f;
   const TypeInfo ti = type_info(type);
   for (size_t i = 0; i < nb; ++i) {
@@ -78,7 +77,7 @@ float dot_row(int type, const uint8_t* w, size_t nb, const int8_t* xq, const flo
         }
         if (!has_m) sumi -= (q5 ? 16 : 8) * xsum;  // codes are offset by 8 / 16
         acc += (half_to_float(ld16(b)) * dx) * (float)sumi;
-        if (has_m) acc += half_to_float(ld16(b + 2)) * (dx * (float)xsum);
+        if (has_m) acc += half_to_float(ld16(b + 2)) * xs[i];
         break;
       }
       case Q8_0: {
@@ -144,7 +143,8 @@ bool gemv_q8_scalar(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, 
   const Q8View x{xq, ldq, k, q8_group(layout)};
   const size_t nb = k / (size_t)type_info(type).block;
   for (size_t r = 0; r < nr; ++r)
-    for (size_t t = 0; t < nt; ++t) y[t * ldy + r] = dot_row(type, w + r * rb, nb, x.qs(t), x.d(t), x.bsum(t));
+    for (size_t t = 0; t < nt; ++t) y[t * ldy + r] = dot_row(type, w + r * rb, nb, x.qs(t), x.d(t),
+                                                                layout == Q8_32 ? x.s(t) : nullptr, x.bsum(t));
   return true;
 }
 

@@ -30,7 +30,7 @@ struct KQ45 {
     return b <= 4 ? _mm256_slli_epi16(m, 4 - b) : _mm256_srli_epi16(m, b - 4);
   }
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b), dmin = q8_h2f(b + 2);
     uint32_t u[4];
     k4_unpack_scales(b + 4, u);
@@ -81,16 +81,16 @@ RMOE_INLINE int hsum_i32(__m256i v) {
 int q8_layout_avx2(int type) { return q8_layout_scalar(type); }
 
 // Same arithmetic as quantize_q8_scalar: max |x| per group, one f32 division
-// for 127 / amax, x * that rounded to nearest even (cvtps2dq), packed to int8.
+// for 127 / amax, x * that rounded to nearest even (cvtps2dq), packed to int8;
+// the scales by q8_set_scales.
 void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
   const size_t G = q8_group(layout);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (size_t t = 0; t < T; ++t) {
     const float* xr = x + t * k;
-    uint8_t* row = dst + t * ld;
-    int8_t* qs = reinterpret_cast<int8_t*>(row);
-    float* dd = reinterpret_cast<float*>(row + k);
-    int16_t* bs = reinterpret_cast<int16_t*>(row + k + 4 * (k / G));
+    const Q8Row row = q8_row(layout, dst + t * ld, k);
+    int8_t* qs = row.qs;
+    int16_t* bs = row.bsum;
     for (size_t g = 0; g < k / G; ++g) {
       const float* xg = xr + g * G;
       __m256 am = _mm256_setzero_ps();
@@ -106,7 +106,7 @@ void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* d
       const float amax = _mm_cvtss_f32(m);
       const bool isbad = _mm256_movemask_ps(bad) != 0;
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      dd[g] = isbad ? NAN : amax / 127.0f;
+      const float d = isbad ? NAN : amax / 127.0f;
       const __m256 vid = _mm256_set1_ps(isbad ? 0.0f : id);
       for (size_t j = 0; j < G; j += 32) {
         __m256i q[4];
@@ -119,6 +119,7 @@ void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* d
         bs[e / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
         bs[e / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
       }
+      q8_set_scales(layout, row, g, d);
     }
   }
 }

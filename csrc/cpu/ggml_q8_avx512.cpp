@@ -56,7 +56,7 @@ template <bool Q5, bool VNNI>
 struct KQ45 {
   static constexpr int block = 256, bytes = Q5 ? 176 : 144;
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b), dmin = q8_h2f(b + 2);
     uint32_t u[4];
     k4_unpack_scales(b + 4, u);
@@ -128,16 +128,16 @@ int q8_layout_avx512(int type) {
 }
 
 // Same arithmetic as quantize_q8_scalar: max |x| per group, one f32 division
-// for 127 / amax, x * that rounded to nearest even (cvtps2dq), saturated to int8.
+// for 127 / amax, x * that rounded to nearest even (cvtps2dq), saturated to int8;
+// the scales by q8_set_scales.
 void quantize_q8_avx512(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
   const size_t G = q8_group(layout);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (size_t t = 0; t < T; ++t) {
     const float* xr = x + t * k;
-    uint8_t* row = dst + t * ld;
-    int8_t* qs = reinterpret_cast<int8_t*>(row);
-    float* dd = reinterpret_cast<float*>(row + k);
-    int16_t* bs = reinterpret_cast<int16_t*>(row + k + 4 * (k / G));
+    const Q8Row row = q8_row(layout, dst + t * ld, k);
+    int8_t* qs = row.qs;
+    int16_t* bs = row.bsum;
     for (size_t g = 0; g < k / G; ++g) {
       const float* xg = xr + g * G;
       __m512 am = _mm512_setzero_ps();
@@ -149,7 +149,7 @@ void quantize_q8_avx512(int layout, const float* x, size_t k, size_t T, uint8_t*
       }
       const float amax = _mm512_reduce_max_ps(am);
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      dd[g] = bad ? NAN : amax / 127.0f;
+      const float d = bad ? NAN : amax / 127.0f;
       const __m512 vid = _mm512_set1_ps(bad ? 0.0f : id);
       for (size_t j = 0; j < G; j += 16) {
         const size_t e = g * G + j;
@@ -158,6 +158,7 @@ void quantize_q8_avx512(int layout, const float* x, size_t k, size_t T, uint8_t*
                          _mm512_cvtsepi32_epi8(q));
         bs[e / 16] = (int16_t)_mm512_reduce_add_epi32(q);
       }
+      q8_set_scales(layout, row, g, d);
     }
   }
 }

@@ -11,6 +11,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "ggml_blocks.h"
 #include "ggml_q8.h"
 
@@ -48,6 +50,7 @@ struct XBlk {
   const int8_t* q;     // the block's int8 values
   const int16_t* bs;   // its 16-value sums
   float dx;            // its scale (per block for 32-blocks, per super-block for K)
+  float s;             // 32-blocks: the min term (ggml_q8.h); K: unused
 };
 
 // ---- 32-weight blocks: the block's 32 codes as u8 in one ymm ----
@@ -75,8 +78,10 @@ RMOE_INLINE __m256i bit4_of(uint32_t qh) {
 
 // Q4_0 / Q4_1 / Q5_0 / Q5_1: codes c in [0, 16) or [0, 32),
 //   w = d * (c - off)  (off 8 / 16)       sum w*x = d*dx * (sum c*q - off * xsum)
-//   w = d * c + m                         sum w*x = d*dx * sum c*q + m * (dx * xsum)
-// The integer offset rides in the dot product's initial value.
+//   w = d * c + m                         sum w*x = d*dx * sum c*q + m * s
+// The integer offset rides in the dot product's initial value. The m * s terms
+// are summed apart, in block order, and added after the lanes' sum (ms), as
+// llama.cpp's q4_1 / q5_1 dot products do: same order, same bits.
 template <int TYPE, bool VNNI, bool AVX512>
 struct K32 {
   static constexpr int block = 32;
@@ -85,7 +90,7 @@ struct K32 {
   static constexpr bool q5 = TYPE == Q5_0 || TYPE == Q5_1;
   static constexpr int off = has_m ? 0 : q5 ? 16 : 8;
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b);
     const uint8_t* qs = b + (has_m ? 4 : 2) + (q5 ? 4 : 0);
     __m256i c = nibbles32(qs);
@@ -95,9 +100,7 @@ struct K32 {
       const __m256i init = _mm256_setr_epi32(-off * xsum, 0, 0, 0, 0, 0, 0, 0);
       const __m256i s = dot_us<VNNI>(init, c, q8_ld256(xb[t].q));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb[t].dx), acc[t]);
-      if constexpr (has_m)  // m * dx * xsum, spread over the 8 lanes (exact /8)
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8_h2f(b + 2)), _mm256_set1_ps(0.125f * (xb[t].dx * (float)xsum)),
-                                 acc[t]);
+      if constexpr (has_m) ms[t] = std::fma(q8_h2f(b + 2), xb[t].s, ms[t]);
     }
   }
 };
@@ -110,7 +113,7 @@ template <bool VNNI>
 struct K8_0 {
   static constexpr int block = 32, bytes = 34;
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b);
     const __m256i w = q8_ld256(b + 2);
     const __m256i u = _mm256_abs_epi8(w);
@@ -139,7 +142,7 @@ template <bool VNNI>
 struct KQ6y {
   static constexpr int block = 256, bytes = 210;
   template <int T>
-  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc) {
+  static RMOE_INLINE void row(const uint8_t* b, const XBlk* xb, __m256* acc, float* ms) {
     const float d = q8_h2f(b + 208);
     const __m256i sc16 = _mm256_cvtepi8_epi16(q8_ld128(b + 192));
     const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
@@ -178,12 +181,14 @@ constexpr int Q8_PREFETCH = 1024;
 template <class K, int R, int T>
 void q8_tile(const uint8_t* w, size_t rb, size_t nb, const Q8View& x, float* y, size_t ldy) {
   __m256 acc[R][T];
+  float ms[R][T];  // the terms summed apart (K32 with a min), else 0
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), ms[r][t] = 0.0f;
   const int8_t* xq[T];
   const float* xd[T];
+  const float* xm[T];
   const int16_t* xs[T];
-  for (int t = 0; t < T; ++t) xq[t] = x.qs(t), xd[t] = x.d(t), xs[t] = x.bsum(t);
+  for (int t = 0; t < T; ++t) xq[t] = x.qs(t), xd[t] = x.d(t), xm[t] = x.s(t), xs[t] = x.bsum(t);
   for (size_t i = 0; i < nb; ++i) {
     // PREFETCH bytes ahead in the row, or past its end: the same place in the
     // row the next group of R rows will read (never faults, even past the matrix).
@@ -191,15 +196,15 @@ void q8_tile(const uint8_t* w, size_t rb, size_t nb, const Q8View& x, float* y, 
     if (ahead >= rb) ahead += (R - 1) * rb;
     XBlk xb[T];
     for (int t = 0; t < T; ++t)
-      xb[t] = {xq[t] + i * K::block, xs[t] + i * (K::block / 16), xd[t][i]};
+      xb[t] = {xq[t] + i * K::block, xs[t] + i * (K::block / 16), xd[t][i], K::block == 32 ? xm[t][i] : 0.0f};
     for (int r = 0; r < R; ++r) {
       for (int p = 0; p < K::bytes; p += 64)
         _mm_prefetch(reinterpret_cast<const char*>(w + r * rb + ahead) + p, _MM_HINT_T0);
-      K::template row<T>(w + r * rb + i * K::bytes, xb, acc[r]);
+      K::template row<T>(w + r * rb + i * K::bytes, xb, acc[r], ms[r]);
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = q8_hsum(acc[r][t]);
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = q8_hsum(acc[r][t]) + ms[r][t];
 }
 
 // T=1: R1 rows at once (independent chains, R1 row streams); else 4.
