@@ -154,7 +154,7 @@ def worker(types: list[str], threads: list[int], gemm: bool) -> None:
             wall, cpu = best_times(gemv_all, reps)
             bw = read_bandwidth()  # next to each GEMV timing: the load of a shared machine drifts
             act = "f32" if os.environ.get("RAPIDMOE_GGML_F32ACT") == "1" or name not in INT8_TYPES else "int8"
-            if isa == "avx512" and os.environ.get("RAPIDMOE_GGML_NOVNNI") == "1":
+            if os.environ.get("RAPIDMOE_ISA") == "avx512-novnni":
                 isa = "avx512-novnni"
             row = {"type": name, "isa": isa, "act": act, "threads": n, "gemv_gbs": nbytes / wall / 1e9,
                    "gemv_gbs_cpu": nbytes / cpu / 1e9, "read_gbs": bw, "weight_mb": w0.nbytes / 1e6}
@@ -204,8 +204,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--worker", "--types", args.types, "--threads", str(n)]
                 if args.no_gemm:
                     cmd.append("--no-gemm")
-                env = dict(os.environ, RAPIDMOE_ISA=base, RAPIDMOE_GGML_F32ACT="1" if act == "f32" else "0",
-                           RAPIDMOE_GGML_NOVNNI="1" if isa.endswith("novnni") else "0")
+                env = dict(os.environ, RAPIDMOE_ISA=isa, RAPIDMOE_GGML_F32ACT="1" if act == "f32" else "0")
                 with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
                     for line in proc.stdout:
                         rows.append(report(line, args.json))

@@ -88,16 +88,15 @@ bool env_set(const char* name) {
 }
 
 Q8Path q8_path(int type, size_t k) {
-  // RAPIDMOE_GGML_F32ACT=1: exact f32 activations; RAPIDMOE_GGML_NOVNNI=1: the
-  // AVX-512 kernels without VNNI (what a CPU lacking it runs). Read once.
+  // RAPIDMOE_GGML_F32ACT=1: exact f32 activations. Read once. (RAPIDMOE_ISA=avx512-novnni
+  // hides VNNI: the AVX-512 kernels a CPU lacking it runs.)
   static const bool f32act = env_set("RAPIDMOE_GGML_F32ACT");
-  static const bool novnni = env_set("RAPIDMOE_GGML_NOVNNI");
   Q8Path p;
   if (f32act) return p;
 #if RMOE_X86
   const Isa isa = active_isa();
   if (isa >= Isa::Avx512) {
-    p = {q8_layout_avx512(type), cpu_features().avx512vnni && !novnni ? gemv_q8_avx512vnni : gemv_q8_avx512,
+    p = {q8_layout_avx512(type), cpu_features().avx512vnni ? gemv_q8_avx512vnni : gemv_q8_avx512,
          quantize_q8_avx512};
   } else if (isa >= Isa::Avx2) {
     p = {q8_layout_avx2(type), gemv_q8_avx2, quantize_q8_avx2};
