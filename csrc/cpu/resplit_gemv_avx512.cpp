@@ -83,7 +83,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
     const __m512 sx = _mm512_mul_ps(_mm512_loadu_ps(g + 80), inv256), c = _mm512_loadu_ps(g + 96);
     for (int r = 0; r < R; ++r) {
       const uint8_t* qr = q + r * rb + 8 * b;
-      _mm_prefetch(reinterpret_cast<const char*>(qr) + 512, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qr + R * rb), _MM_HINT_T0);  // these blocks of the next rows
       const __m512i raw = _mm512_maskz_loadu_epi8(lm, qr);
       const __m512i t16 = _mm512_srli_epi32(raw, 16);
       __m512i h = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t16, lo4), 3),

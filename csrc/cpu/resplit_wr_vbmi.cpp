@@ -55,11 +55,13 @@ inline __m512i codes(const Consts& k, const uint8_t* g, size_t w) {
   return _mm512_and_si512(c, _mm512_set1_epi8((char)((1u << w) - 1)));
 }
 
-// Per-lane sub-scale factor of a block: lanes 4s..4s+3 <- tab[k_s], k_s = bits 4s+3:4s of word.
-inline __m512 lane_scales(uint32_t word, __m512 tab) {
+// Per-lane sub-scale factor of a block: lanes 4s..4s+3 <- tab[k_s], k_s = bits 4s+3:4s of
+// the 16-bit word at w. The word is broadcast to every 16-bit half, shifted per lane, and
+// vpermps reads only the low 4 bits of each index.
+inline __m512 lane_scales(const uint8_t* w, __m512 tab) {
   const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-  const __m512i kq = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)word), sh), _mm512_set1_epi32(0xF));
-  return _mm512_permutexvar_ps(kq, tab);
+  const __m512i word = _mm512_set1_epi16((short)(w[0] | (w[1] << 8)));
+  return _mm512_permutexvar_ps(_mm512_srlv_epi32(word, sh), tab);
 }
 
 // One row, NT tokens (prepared x at stride xs, 48 floats per block).
@@ -75,7 +77,7 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const __m512i c = codes(k, q, w);
     for (size_t p = 0; p < m; ++p) {
       const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
-      const __m512 sc = lane_scales(q[8 * w + 2 * p] | ((uint32_t)q[8 * w + 2 * p + 1] << 8), tab);
+      const __m512 sc = lane_scales(q + 8 * w + 2 * p, tab);
       const float* xb = xp + 48 * (b0 + p);
       for (int t = 0; t < NT; ++t) {
         const float* xt = xb + t * xs;
@@ -103,12 +105,12 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
     for (int r = 0; r < R; ++r) {
       const uint8_t* g = q + r * rb + off;
-      _mm_prefetch(reinterpret_cast<const char*>(g) + 4 * 62, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g + R * rb), _MM_HINT_T0);  // this group of the next rows
       const __m512i c = codes(k, g, w);
       for (size_t p = 0; p < m; ++p) {
         const float* xb = xp + 48 * (b0 + p);
         const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
-        const __m512 sc = lane_scales(g[8 * w + 2 * p] | ((uint32_t)g[8 * w + 2 * p + 1] << 8), tab[r]);
+        const __m512 sc = lane_scales(g + 8 * w + 2 * p, tab[r]);
         const __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(xb + 32), lv, _mm512_loadu_si512(xb));
         tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sc, _mm512_loadu_ps(xb + 16)), tot[r]);
       }
