@@ -214,7 +214,7 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
 
 // ---------------------------------------------------------------- expert GEMM
 namespace {
-constexpr size_t kRowGroup = 4;  // output rows per work item
+constexpr size_t kRowGroup = 8;  // output rows per work item
 }
 
 void run_jobs(const GemmJob* jobs, size_t nj) {

@@ -184,6 +184,7 @@ void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
 }
 void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   size_t r = 0;
+  for (; r + 8 <= nr; r += 8) wq_rows_vnni<8>(q + r * rb, rb, nb, xp, y + r);
   for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
   for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
 }

@@ -136,6 +136,7 @@ void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 
 void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   size_t r = 0;
+  for (; r + 8 <= nr; r += 8) wr_rows<8>(q + r * rb, rb, nb, xp, y + r);
   for (; r + 4 <= nr; r += 4) wr_rows<4>(q + r * rb, rb, nb, xp, y + r);
   for (; r < nr; ++r) wr_rows<1>(q + r * rb, rb, nb, xp, y + r);
 }
