@@ -39,14 +39,20 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   std::vector<float> XQ(N * pq), XR(any_crit ? N * pr : 0), G(N * F), U(N * F);
   std::vector<float> GR(any_crit ? N * F : 0), UR(any_crit ? N * F : 0);
   std::vector<float> HQ(N * hq), H4(any_crit ? N * h4 : 0), Y(N * H);
-  // 1. activations of every gathered row, in the formats that will read them
-  parallel_for(N, [&](size_t b, size_t e, int) {
-    for (size_t r = b; r < e; ++r) {
-      const float* xr = x + (size_t)(rows[r] / (int64_t)k) * H;
-      prep_x(Fmt::WQ, xr, H, &XQ[r * pq]);
-      if (crit[r]) prep_x(Fmt::WR, xr, H, &XR[r * pr]);
+  // 1. activations in the formats that will read them: prepared once per token, then
+  //    copied to the token's gathered rows (a decode token feeds all k of its rows)
+  std::vector<float> TQ(T * pq), TR(any_crit ? T * pr : 0);
+  parallel_for(T, [&](size_t b, size_t e, int) {
+    for (size_t t = b; t < e; ++t) {
+      prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
+      if (any_crit) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
     }
-  }, 16);
+  }, 4);
+  for (size_t r = 0; r < N; ++r) {
+    const size_t t = (size_t)(rows[r] / (int64_t)k);
+    std::memcpy(&XQ[r * pq], &TQ[t * pq], pq * sizeof(float));
+    if (crit[r]) std::memcpy(&XR[r * pr], &TR[t * pr], pr * sizeof(float));
+  }
   // 2. gate/up: WQ for all, WR for the critical rows (into their own buffers)
   std::vector<GemmJob> jobs = {
       {Fmt::WQ, w.gate_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ.data(), G.data(), false},
