@@ -108,9 +108,10 @@ def _paths():
     return order[: order.index(best) + 1] if best in order else ["scalar"]
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-novnni"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-novbmi", "avx512-novnni"])
 def test_kernels_every_isa_path(isa):
-    path = isa.split("-")[0]  # avx512-novnni: AVX-512 without VNNI/VBMI (WR on f32 activations)
+    # avx512-novbmi / -novnni: AVX-512 without VBMI / without VNNI and VBMI (WR on f32 activations)
+    path = isa.split("-")[0]
     if path not in _paths():
         pytest.skip(f"this CPU cannot run {isa}")
     env = dict(os.environ, RAPIDMOE_ISA=isa)

@@ -62,10 +62,12 @@ Isa detect_best() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     CpuFeatures d = detect();
-    // RAPIDMOE_ISA=avx512-novnni: AVX-512 as a CPU without VNNI, VBMI and BF16 runs
-    // it (e.g. Skylake-SP), so tests cover those kernels on any AVX-512 machine.
+    // RAPIDMOE_ISA=avx512-novnni: AVX-512 as a CPU without VNNI, VBMI and BF16 runs it
+    // (e.g. Skylake-SP); avx512-novbmi: with VNNI but no VBMI (Cascade Lake). Tests
+    // cover those kernels on any AVX-512 machine.
     const char* forced = std::getenv("RAPIDMOE_ISA");
     if (forced && !std::strcmp(forced, "avx512-novnni")) d.avx512vnni = d.avx512vbmi = d.avx512bf16 = false;
+    if (forced && !std::strcmp(forced, "avx512-novbmi")) d.avx512vbmi = false;
     return d;
   }();
   return f;
@@ -79,7 +81,7 @@ Isa active_isa() {
       Isa want = best;
       if (!std::strcmp(forced, "scalar")) want = Isa::Scalar;
       else if (!std::strcmp(forced, "avx2")) want = Isa::Avx2;
-      else if (!std::strcmp(forced, "avx512") || !std::strcmp(forced, "avx512-novnni")) want = Isa::Avx512;
+      else if (!std::strncmp(forced, "avx512", 6)) want = Isa::Avx512;
       // Forcing can only lower the path: a path the CPU lacks is never taken.
       if ((int)want < (int)best) best = want;
     }

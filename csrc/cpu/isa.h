@@ -15,8 +15,8 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
-// Best path this CPU and OS allow, lowered by RAPIDMOE_ISA=scalar|avx2|avx512|avx512-novnni
-// (the last also hides VNNI, VBMI and BF16 from cpu_features()).
+// Best path this CPU and OS allow, lowered by RAPIDMOE_ISA=scalar|avx2|avx512|avx512-novnni|
+// avx512-novbmi (the last two also hide VNNI+VBMI+BF16 / VBMI from cpu_features()).
 Isa active_isa();
 const char* isa_name(Isa isa);
 

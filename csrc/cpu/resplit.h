@@ -88,8 +88,11 @@ RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
-// WR on int8 activations (resplit_wr_vbmi.cpp): only where AVX-512 VBMI and VNNI are present.
-bool wr_int8_acts();
+// Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR on int8 activations,
+// and D4 with its blocks gathered by byte permutes.
+bool vbmi_kernels();
+bool wr_int8_acts();  // = vbmi_kernels(): WR's activations are int8 exactly where its kernel is
+void row_dot_d4_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 

@@ -193,7 +193,7 @@ void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
 }
 void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   static const bool vnni = cpu_features().avx512vnni;
-  (vnni ? row_dot_d4_vnni : row_dot_d4_bw)(q, nb, xp, xs, T, y, ys);
+  (vbmi_kernels() ? row_dot_d4_vbmi : vnni ? row_dot_d4_vnni : row_dot_d4_bw)(q, nb, xp, xs, T, y, ys);
 }
 
 }  // namespace resplit

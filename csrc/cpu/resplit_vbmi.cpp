@@ -1,5 +1,7 @@
-// WR fused decode x int8 activation kernels (AVX-512 VBMI + VNNI). Called only when
-// wr_int8_acts() is true. Per group of up to 3 blocks (resplit.h): the 64 codes are
+// Fused decode x int8 activation kernels that need AVX-512 VBMI + VNNI (called only
+// where vbmi_kernels() is true): WR, and D4's block gather.
+//
+// WR: Per group of up to 3 blocks (resplit.h): the 64 codes are
 // spread to one byte each (vpermb + vpmultishiftqb), each digit position p is looked
 // up in a 128-entry table giving 4*L+9 in 0..18 (vpermi2b), and dotted with the
 // block's int8 activations (vpdpbusd, started from -9 * sum x to undo the +9). Each
@@ -120,12 +122,90 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
   for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
 }
 
+// D4, 4 blocks (72 bytes) per step: one byte permute gathers the 4 x 16 nibble bytes,
+// two more put sc and mn in the low byte of each int32 lane of their block (lanes
+// 4i..4i+3, the lanes vpdpbusd fills from block i's bytes). Partial steps load only the
+// row's bytes; missing blocks have zero nibbles and scales (and zero activations).
+struct D4Consts {
+  __m512i nib, sc, mn;
+  D4Consts() {
+    alignas(64) uint8_t a[64], b[64], c[64];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 16; ++j) {
+        a[16 * i + j] = (uint8_t)(18 * i + j);
+        b[16 * i + j] = (uint8_t)(18 * i + 16);
+        c[16 * i + j] = (uint8_t)(18 * i + 17);
+      }
+    nib = _mm512_load_si512(a);
+    sc = _mm512_load_si512(b);
+    mn = _mm512_load_si512(c);
+  }
+};
+
+const D4Consts& d4consts() {
+  static const D4Consts c;
+  return c;
+}
+
+struct D4Step {
+  __m512i lo, hi;  // nibbles of weights 0-15 / 16-31 of each block
+  __m512 dv, mv;   // D*sc, M*mn per lane of its block
+};
+
+inline D4Step d4_step(const D4Consts& k, const uint8_t* qb, size_t nbl, __m512 D, __m512 M) {
+  const size_t avail = 18 * nbl;
+  const __m512i a = _mm512_maskz_loadu_epi8(avail >= 64 ? ~0ull : (1ull << avail) - 1, qb);
+  const __m512i b = avail > 64 ? _mm512_maskz_loadu_epi8((1ull << (avail - 64)) - 1, qb + 64) : _mm512_setzero_si512();
+  const __m512i v = _mm512_permutex2var_epi8(a, k.nib, b);
+  const __mmask64 low = 0x1111111111111111ull;  // byte 0 of each int32 lane
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  D4Step s;
+  s.lo = _mm512_and_si512(v, m4);
+  s.hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+  s.dv = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_maskz_permutex2var_epi8(low, a, k.sc, b)));
+  s.mv = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_maskz_permutex2var_epi8(low, a, k.mn, b)));
+  return s;
+}
+
+// One row, NT tokens (prep_d4_q8 layout: per 4 blocks 64 floats).
+template <int NT>
+void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
+  const D4Consts& k = d4consts();
+  const __m512 D = _mm512_set1_ps(h2f(q[0] | (q[1] << 8))), M = _mm512_set1_ps(h2f(q[2] | (q[3] << 8)));
+  q += 4;
+  __m512 tot[NT], totm[NT];
+  for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; b += 4) {
+    const D4Step s = d4_step(k, q + 18 * b, nb - b < 4 ? nb - b : 4, D, M);
+    const float* g = xp + (b / 4) * 64;
+    for (int t = 0; t < NT; ++t) {
+      const float* gt = g + t * xs;
+      const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), s.lo, _mm512_loadu_si512(gt)),
+                                              s.hi, _mm512_loadu_si512(gt + 16));
+      tot[t] = _mm512_fmadd_ps(s.dv, _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps(gt + 32)), tot[t]);
+      totm[t] = _mm512_fmadd_ps(s.mv, _mm512_loadu_ps(gt + 48), totm[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(_mm512_sub_ps(tot[t], totm[t]));
+}
+
 }  // namespace
 
-bool wr_int8_acts() {
+bool vbmi_kernels() {
   static const bool v = active_isa() == Isa::Avx512 && cpu_features().avx512vnni && cpu_features().avx512vbmi;
   return v;
 }
+
+bool wr_int8_acts() { return vbmi_kernels(); }
+
+void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  size_t t = 0;
+  for (; t + 8 <= T; t += 8) d4_tile<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  if (t + 4 <= T) { d4_tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }
+  if (t + 2 <= T) { d4_tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
+  if (t < T) d4_tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+}
+
 
 void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   size_t t = 0;
@@ -144,10 +224,14 @@ void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const f
 }  // namespace resplit
 }  // namespace rmoe
 
-#else  // non-x86: never selected (wr_int8_acts() is false)
+#else  // non-x86: never selected (vbmi_kernels() is false)
 namespace rmoe {
 namespace resplit {
+bool vbmi_kernels() { return false; }
 bool wr_int8_acts() { return false; }
+void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
+}
 void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
 }
