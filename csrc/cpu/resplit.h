@@ -67,8 +67,8 @@ DequantRowFn dequant_row_fn(Fmt fmt);  // chosen by active_isa()
 
 // Activations prepared once per token for the fused kernels (prep_x). The SIMD
 // paths run WQ and D4 on int8 activations (per 32 weights: sx = max|x|/127,
-// xq = rint(x/sx); prep_wq_q8/prep_d4_q8 in resplit_gemv.cpp), and WR too where
-// AVX-512 VBMI and VNNI are present (prep_wr_q8); the others use f32:
+// xq = rint(x/sx); prep_wq_q8/prep_d4_q8/prep_wr_q8 in resplit_gemv.cpp); the scalar
+// path uses f32:
 //   WQ: per pair of 32-blocks 80 floats [digit i 0..4][block of pair 0..1][byte lane 0..7]:
 //       lane j<6 = x[6i+j], lane 6 = x[30+i] (i<2, else 0), lane 7 = -sum(x of block) at i=0
 //       (byte lane 7 decodes to digit 1 at i=0 and is weighted 0 elsewhere).
@@ -88,10 +88,10 @@ RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
-// Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR on int8 activations,
+// Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR by byte-table lookups,
 // and D4 with its blocks gathered by byte permutes.
 bool vbmi_kernels();
-bool wr_int8_acts();  // = vbmi_kernels(): WR's activations are int8 exactly where its kernel is
+bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 void row_dot_d4_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);

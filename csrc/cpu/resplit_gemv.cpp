@@ -17,7 +17,7 @@ namespace resplit {
 
 // ---------------------------------------------------------------- activations
 namespace {
-bool int8_acts() {  // the SIMD paths run WQ and D4 on int8 activations
+bool int8_acts() {  // the SIMD paths run WQ, WR and D4 on int8 activations
   static const bool v = active_isa() != Isa::Scalar;
   return v;
 }
@@ -100,6 +100,8 @@ void prep_wr_q8(const float* x, size_t n, float* out) {
   }
 }
 }  // namespace
+
+bool wr_int8_acts() { return int8_acts(); }
 
 size_t prep_floats(Fmt fmt, size_t n) {
   switch (fmt) {

@@ -106,60 +106,84 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - hsum(totm[t]);
 }
 
-// WR on f32 activations. Per group, 8 codes at a time: unpacked to bytes, the base-5
-// digits from float arithmetic (q = floor(c/5 + 0.01) is exact for c < 125), levels
-// from an 8-entry permute, times the sub-scale, into T dots.
+// WR on int8 activations (prep_wr_q8). Per group: the 64 codes, spread to one byte
+// each (8 per 64-bit word, by shifts and masks), split into base-5 digits with 16-bit
+// high multiplies (floor(c/5) = (c * 13108) >> 16 for c < 128), levels 4L+9 by pshufb,
+// then u8 x s8 pair sums (at most 2 * 18 * 127, no saturation) to int32 lanes of 4
+// weights: lanes 0-3 and 4-7 of a half are its two 16-weight sub-blocks, one scale each.
 constexpr uint64_t lo(int bits) { return (1ull << bits) - 1; }
 constexpr uint64_t rep(uint64_t m, int period) {  // m repeated every `period` bits
   return m == 0 ? 0 : m | rep(m << period, period);
 }
 
+template <int W>
+inline uint64_t spread8(const uint8_t* p) {  // 8 codes of W bits -> 8 bytes
+  // One 8-byte load (the byte past the codes is a sub-scale byte of the group): a
+  // W-byte copy goes through the stack and stalls store forwarding.
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  // halves of 4W bits -> 32-bit lanes, then 2W -> 16-bit, then W -> bytes
+  v = (v & lo(4 * W)) | ((v << (32 - 4 * W)) & (lo(4 * W) << 32));
+  v = (v & rep(lo(2 * W), 32)) | ((v << (16 - 2 * W)) & rep(lo(2 * W) << 16, 32));
+  return (v & rep(lo(W), 16)) | ((v << (8 - W)) & rep(lo(W) << 8, 16));
+}
+
+inline __m256i div5_u8(__m256i c) {  // bytes < 128 -> floor(c / 5)
+  const __m256i k = _mm256_set1_epi16(13108), lo8 = _mm256_set1_epi16(0xFF);
+  const __m256i ql = _mm256_mulhi_epu16(_mm256_and_si256(c, lo8), k);
+  const __m256i qh = _mm256_mulhi_epu16(_mm256_srli_epi16(c, 8), k);
+  return _mm256_or_si256(ql, _mm256_slli_epi16(qh, 8));
+}
+
+inline __m256i times5_u8(__m256i q) {  // q <= 25: q << 2 stays inside its byte
+  return _mm256_add_epi8(q, _mm256_slli_epi16(q, 2));
+}
+
 template <int NT, int M>
-inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D, const float* xp, size_t xs, __m256* tot) {
+inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D4, const float* xp, size_t xs,
+                                                    __m256* tot) {
   constexpr int W = 2 * M + 1;
-  const __m256 lvt = _mm256_setr_ps(-2.25f, -1.0f, 0.0f, 1.0f, 2.25f, 0.f, 0.f, 0.f);
-  const __m256 fifth = _mm256_set1_ps(0.2f), eps = _mm256_set1_ps(0.01f), five = _mm256_set1_ps(5.0f);
-  __m256 acc[NT];  // local chains (tot may live in memory)
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  float sc[M][4];
+  const __m256i ltab = _mm256_setr_epi8(0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256i dig[2][3];  // [half: codes 0-31 / 32-63][digit position]
+  for (int h = 0; h < 2; ++h) {
+    const __m256i c = _mm256_setr_epi64x((long long)spread8<W>(q + W * (4 * h)), (long long)spread8<W>(q + W * (4 * h + 1)),
+                                         (long long)spread8<W>(q + W * (4 * h + 2)), (long long)spread8<W>(q + W * (4 * h + 3)));
+    const __m256i q1 = div5_u8(c), q2 = div5_u8(q1);
+    dig[h][0] = _mm256_sub_epi8(c, times5_u8(q1));
+    dig[h][1] = _mm256_sub_epi8(q1, times5_u8(q2));
+    dig[h][2] = q2;
+  }
   for (int p = 0; p < M; ++p) {
     const uint32_t word = q[8 * W + 2 * p] | ((uint32_t)q[8 * W + 2 * p + 1] << 8);
-    for (int s = 0; s < 4; ++s) sc[p][s] = D * kWrTable[(word >> (4 * s)) & 0xF];
-  }
-  for (int j = 0; j < 64; j += 8) {
-    // codes j..j+7 are the W bytes at W*j/8, spread to one byte each in a register.
-    // One 8-byte load (the byte past the codes is a sub-scale byte of the group): a
-    // W-byte copy goes through the stack and stalls store forwarding.
-    uint64_t v;
-    std::memcpy(&v, q + W * (j / 8), 8);
-    // halves of 4W bits -> 32-bit lanes, then 2W -> 16-bit, then W -> bytes
-    v = (v & lo(4 * W)) | ((v << (32 - 4 * W)) & (lo(4 * W) << 32));
-    v = (v & rep(lo(2 * W), 32)) | ((v << (16 - 2 * W)) & rep(lo(2 * W) << 16, 32));
-    const uint64_t spread = (v & rep(lo(W), 16)) | ((v << (8 - W)) & rep(lo(W) << 8, 16));
-    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)spread)));
-    const __m256 q1 = _mm256_floor_ps(_mm256_fmadd_ps(c, fifth, eps));
-    const __m256 q2 = _mm256_floor_ps(_mm256_fmadd_ps(q1, fifth, eps));
-    const __m256i dig[3] = {_mm256_cvttps_epi32(_mm256_fnmadd_ps(q1, five, c)),
-                            _mm256_cvttps_epi32(_mm256_fnmadd_ps(q2, five, q1)), _mm256_cvttps_epi32(q2)};
-    for (int p = 0; p < M; ++p) {
-      const __m256 wv = _mm256_mul_ps(_mm256_permutevar8x32_ps(lvt, dig[p]), _mm256_set1_ps(sc[p][j / 16]));
-      const float* xb = xp + 64 * p + j;
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + t * xs), acc[t]);
+    float s[4];
+    for (int k = 0; k < 4; ++k) s[k] = D4 * kWrTable[(word >> (4 * k)) & 0xF];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i lv = _mm256_shuffle_epi8(ltab, dig[h][p]);
+      const __m256 sc = _mm256_setr_m128(_mm_set1_ps(s[2 * h]), _mm_set1_ps(s[2 * h + 1]));
+      const float* xb = xp + 48 * p;
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = xb + t * xs;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt) + h);
+        __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(lv, xq), ones16);
+        acc = _mm256_add_epi32(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + 32 + 8 * h)));
+        tot[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sc, _mm256_loadu_ps(xt + 16 + 8 * h)), tot[t]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) tot[t] = _mm256_add_ps(tot[t], acc[t]);
 }
 
 template <int NT>
 void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  const float D = h2f(q[0] | (q[1] << 8));
+  const float D4 = 0.25f * h2f(q[0] | (q[1] << 8));  // levels are stored as 4L+9
   q += 2;
   __m256 tot[NT];
   for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
   size_t b0 = 0;
-  for (; b0 + 3 <= nb; b0 += 3, q += wr_group_bytes(3)) wr_group<NT, 3>(q, D, xp + 64 * b0, xs, tot);
-  if (nb - b0 == 2) wr_group<NT, 2>(q, D, xp + 64 * b0, xs, tot);
-  if (nb - b0 == 1) wr_group<NT, 1>(q, D, xp + 64 * b0, xs, tot);
+  for (; b0 + 3 <= nb; b0 += 3, q += wr_group_bytes(3)) wr_group<NT, 3>(q, D4, xp + 48 * b0, xs, tot);
+  if (nb - b0 == 2) wr_group<NT, 2>(q, D4, xp + 48 * b0, xs, tot);
+  if (nb - b0 == 1) wr_group<NT, 1>(q, D4, xp + 48 * b0, xs, tot);
   for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
 }
 

@@ -196,7 +196,7 @@ bool vbmi_kernels() {
   return v;
 }
 
-bool wr_int8_acts() { return vbmi_kernels(); }
+
 
 void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   size_t t = 0;
@@ -228,7 +228,6 @@ void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const f
 namespace rmoe {
 namespace resplit {
 bool vbmi_kernels() { return false; }
-bool wr_int8_acts() { return false; }
 void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
 }
