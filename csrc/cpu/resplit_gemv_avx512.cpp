@@ -189,7 +189,7 @@ void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const
   for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
 }
 void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
-  (wr_int8_acts() ? row_dot_wr_vbmi : row_dot_wr_avx2)(q, nb, xp, xs, T, y, ys);
+  (vbmi_kernels() ? row_dot_wr_vbmi : row_dot_wr_avx2)(q, nb, xp, xs, T, y, ys);
 }
 void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   static const bool vnni = cpu_features().avx512vnni;

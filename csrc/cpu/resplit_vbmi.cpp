@@ -13,6 +13,9 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace rmoe {
 namespace resplit {
 
@@ -196,9 +199,21 @@ bool vbmi_kernels() {
   return v;
 }
 
+namespace {
+// A dispatch slip must not reach a VBMI instruction on a CPU without it (or with it
+// hidden by RAPIDMOE_ISA, which is how the tests catch such a slip on any machine).
+void require_vbmi() {
+  if (!vbmi_kernels()) {
+    std::fputs("rapidmoe: internal error: a VBMI kernel was selected without AVX-512 VBMI+VNNI\n", stderr);
+    std::abort();
+  }
+}
+}  // namespace
+
 
 
 void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  require_vbmi();
   size_t t = 0;
   for (; t + 8 <= T; t += 8) d4_tile<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);
   if (t + 4 <= T) { d4_tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }
@@ -208,6 +223,7 @@ void row_dot_d4_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 
 
 void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  require_vbmi();
   size_t t = 0;
   for (; t + 4 <= T; t += 4) wr_tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys);
   if (t + 2 <= T) { wr_tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
@@ -215,6 +231,7 @@ void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 }
 
 void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  require_vbmi();
   size_t r = 0;
   for (; r + 8 <= nr; r += 8) wr_rows<8>(q + r * rb, rb, nb, xp, y + r);
   for (; r + 4 <= nr; r += 4) wr_rows<4>(q + r * rb, rb, nb, xp, y + r);
