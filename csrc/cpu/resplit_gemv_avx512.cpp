@@ -7,6 +7,8 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace rmoe {
@@ -183,6 +185,10 @@ void row_dot_wq_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
   (vnni ? row_dot_wq_vnni : row_dot_wq_bw)(q, nb, xp, xs, T, y, ys);
 }
 void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  if (!cpu_features().avx512vnni) {  // a dispatch slip must not reach vpdpbusd (see require_vbmi)
+    std::fputs("rapidmoe: internal error: a VNNI kernel was selected without AVX-512 VNNI\n", stderr);
+    std::abort();
+  }
   size_t r = 0;
   for (; r + 8 <= nr; r += 8) wq_rows_vnni<8>(q + r * rb, rb, nb, xp, y + r);
   for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
