@@ -80,8 +80,8 @@ def check_all(seed=0):
         y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, x)
         close(y, np.stack([dense[e] @ ax(x[s]) for s, e in enumerate(ids)]))
         # prefill: ragged token groups per expert, an empty one included
-        counts = np.array([9, 0, 1, 15], np.int64)  # token tiles of 8, 4, 2 and 1
-        xs = rng.standard_normal((25, in_dim)).astype(np.float32)
+        counts = np.array([17, 0, 1, 15], np.int64)  # token tiles of 16 (WQ), 8, 4, 2 and 1
+        xs = rng.standard_normal((33, in_dim)).astype(np.float32)
         y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, xs, counts)
         owner = np.repeat(ids, counts)
         close(y, np.stack([dense[e] @ ax(xs[i]) for i, e in enumerate(owner)]))

@@ -41,8 +41,10 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const __m512 dq = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
     __m512i u = _mm512_and_si512(raw, keep);
     const float* g = xp + (b / 8) * 112;
-    __m512i acc[NT][2];  // two chains per token: digits alternate between them
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
+    constexpr int C = NT >= 16 ? 1 : 2;  // chains per token (digits alternate); 16 tokens are enough chains
+    __m512i acc[NT][C];
+    for (int t = 0; t < NT; ++t)
+      for (int c = 0; c < C; ++c) acc[t][c] = _mm512_setzero_si512();
     for (int i = 0; i < 5; ++i) {
       // d = (u > 85) + (u > 170) with saturating subtracts (no mask registers)
       const __m512i d = _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8(u, c85), one),
@@ -50,14 +52,14 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
       u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
       for (int t = 0; t < NT; ++t) {
         const __m512i xq = _mm512_loadu_si512(g + t * xs + 16 * i);
-        __m512i& a = acc[t][i & 1];
+        __m512i& a = acc[t][i % C];
         if (VNNI) a = _mm512_dpbusd_epi32(a, d, xq);
         else a = _mm512_add_epi32(a, _mm512_madd_epi16(_mm512_maddubs_epi16(d, xq), ones16));
       }
     }
     for (int t = 0; t < NT; ++t) {
       const float* gt = g + t * xs;
-      const __m512i a = _mm512_add_epi32(acc[t][0], acc[t][1]);
+      const __m512i a = C == 2 ? _mm512_add_epi32(acc[t][0], acc[t][C - 1]) : acc[t][0];
       const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(gt + 80), _mm512_loadu_ps(gt + 96));
       tot[t] = _mm512_fmadd_ps(dq, v, tot[t]);
     }
@@ -172,7 +174,15 @@ void d4_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* 
     if (t < T) tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);                                       \
   }
 
-RMOE_TILED(row_dot_wq_vnni, wq_tile_vnni)
+// WQ also takes 16 tokens per decoded row (one accumulator each): prefill decodes half as often.
+void row_dot_wq_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
+  size_t t = 0;
+  for (; t + 16 <= T; t += 16) wq_tile_vnni<16>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  for (; t + 8 <= T; t += 8) wq_tile_vnni<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  if (t + 4 <= T) { wq_tile_vnni<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }
+  if (t + 2 <= T) { wq_tile_vnni<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
+  if (t < T) wq_tile_vnni<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+}
 RMOE_TILED(row_dot_wq_bw, wq_tile_bw)
 RMOE_TILED(row_dot_d4_vnni, d4_tile_vnni)
 RMOE_TILED(row_dot_d4_bw, d4_tile_bw)
