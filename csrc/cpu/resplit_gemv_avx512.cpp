@@ -1,6 +1,8 @@
 // AVX-512 fused decode x activation kernels of the resplit formats. Called only
-// when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state. Up to 4 tokens
-// share each decoded register (prefill); 1 token is the decode GEMV.
+// when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state. In prefill up to 16
+// (WQ) or 8 (D4) tokens share each decoded register; one token is the decode GEMV,
+// where WQ takes eight rows at a time (wq_rows_vnni). WR and the VBMI variant of D4
+// are in resplit_vbmi.cpp.
 #include "isa.h"
 #include "resplit.h"
 
