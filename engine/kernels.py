@@ -119,11 +119,6 @@ def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray,
                                       np.ascontiguousarray(x, dtype=np.float32))
 
 
-def resplit_release_scratch() -> None:
-    """Free the buffers resplit_moe_forward keeps on this thread across a prefill's layers."""
-    _cpu.resplit_release_scratch()
-
-
 def resplit_moe_forward(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, ncrit: np.ndarray,
                         gate_q: np.ndarray, up_q: np.ndarray, down_q: np.ndarray,
                         gate_r: np.ndarray | None = None, up_r: np.ndarray | None = None,

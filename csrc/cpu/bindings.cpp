@@ -146,8 +146,6 @@ void def_resplit(py::module_& m) {
     return y;
   }, py::arg("fmt"), py::arg("w"), py::arg("in_dim"), py::arg("ids"), py::arg("counts"), py::arg("x"),
      "y [N, rows]: rows of x grouped by slot (counts[s] rows use expert ids[s])");
-  m.def("resplit_release_scratch", [] { rmoe::resplit::release_scratch(); },
-        "free the prefill buffers resplit_moe_forward keeps on this thread");
   m.def("resplit_moe_forward", [](const F32Array& x, const I32Array& ids, const F32Array& weights, const I32Array& ncrit,
                                   const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
                                   const py::object& gate_r, const py::object& up_r, const py::object& down4) {

@@ -135,8 +135,6 @@ struct MoeWeights {
   const uint8_t* up_r;    // [E, F, row_bytes(WR,H)]
   const uint8_t* down4;   // [E, H, row_bytes(D4,F)]
 };
-// moe_forward keeps its prefill buffers on the calling thread between calls; this frees them.
-void release_scratch();
 void moe_forward(const MoeWeights& w, const float* x /*[T,H]*/, size_t T, size_t k,
                  const int32_t* ids /*[T,k]*/, const float* weights /*[T,k]*/,
                  const int32_t* ncrit /*[T]*/, float* out /*[T,H]*/);

@@ -13,16 +13,14 @@ namespace resplit {
 
 namespace {
 // The layer's buffers (activations per gathered row, g/u, outputs). Prefill's are large
-// (T*k rows): they are kept on the calling thread while T > 1, so the layers of a forward
-// do not fault their pages in again each, and released by release_scratch() when the
-// forward ends (or at the next one-token call), so they never outlive the chunk that
-// `plan` counts them in.
+// (T*k rows) and a long prompt runs many chunks through every layer: they are kept on
+// the calling thread while T > 1, so their pages are not faulted in again per layer, and
+// released at the next one-token call, so decode memory stays what `plan` counts.
 class Arena {
  public:
-  void release() { std::vector<float>().swap(kept_); }
   float* reserve(size_t n, bool keep) {
     if (!keep) {
-      release();
+      std::vector<float>().swap(kept_);
       small_.resize(n);
       return small_.data();
     }
@@ -38,8 +36,6 @@ class Arena {
 };
 thread_local Arena t_arena;
 }  // namespace
-
-void release_scratch() { t_arena.release(); }
 
 void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const int32_t* ids, const float* weights,
                  const int32_t* ncrit, float* out) {

@@ -118,8 +118,6 @@ class Transformer:
         x = embed(self.tok_embd, tokens)  # [T, H]
         for blk in self.blocks:
             x = blk(x, pos0, cache)
-        if tokens.numel() > 1:
-            kernels.resplit_release_scratch()  # the split MoE layers' prefill buffers end with the chunk
         if last_only:
             x = x[-1:]
         return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)
