@@ -11,37 +11,11 @@
 namespace rmoe {
 namespace resplit {
 
-namespace {
-// The layer's buffers (activations per gathered row, g/u, outputs). Prefill's are large
-// (T*k rows) and a long prompt runs many chunks through every layer: they are kept on
-// the calling thread while T > 1, so their pages are not faulted in again per layer, and
-// released at the next one-token call, so decode memory stays what `plan` counts.
-class Arena {
- public:
-  float* reserve(size_t n, bool keep) {
-    if (!keep) {
-      std::vector<float>().swap(kept_);
-      small_.resize(n);
-      return small_.data();
-    }
-    if (kept_.size() < n) {
-      std::vector<float>().swap(kept_);  // grow without copying the old contents
-      kept_.resize(n);
-    }
-    return kept_.data();
-  }
-
- private:
-  std::vector<float> kept_, small_;
-};
-thread_local Arena t_arena;
-}  // namespace
-
 void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const int32_t* ids, const float* weights,
                  const int32_t* ncrit, float* out) {
   const size_t E = w.E, H = w.H, F = w.F;
   // Groups (expert, critical?) -> routed (token, slot) pairs in token order; each
-  // group's rows are contiguous so an expert's row is decoded once per tile of tokens.
+  // group's rows are contiguous so an expert's row is decoded once per 4 tokens.
   std::vector<std::vector<int64_t>> members(2 * E);
   for (size_t t = 0; t < T; ++t)
     for (size_t j = 0; j < k; ++j) members[2 * (size_t)ids[t * k + j] + ((int32_t)j < ncrit[t] ? 1 : 0)].push_back((int64_t)(t * k + j));
@@ -62,26 +36,12 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const bool any_crit = !cid.empty();
   const size_t pq = prep_floats(Fmt::WQ, H), pr = prep_floats(Fmt::WR, H);
   const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
-  const size_t nXR = any_crit ? N * pr : 0, nR = any_crit ? N * F : 0, nH4 = any_crit ? N * h4 : 0;
-  const size_t nTR = any_crit ? T * pr : 0;
-  const size_t sizes[] = {N * pq, nXR, N * F, N * F, nR, nR, N * hq, nH4, N * H, T * pq, nTR};
-  size_t total = 0;
-  for (size_t n : sizes) total += n;
-  float* next = t_arena.reserve(total, T > 1);  // every buffer is written before it is read
-  auto take = [&next](size_t n) { float* p = next; next += n; return p; };
-  float* XQ = take(N * pq);
-  float* XR = take(nXR);
-  float* G = take(N * F);
-  float* U = take(N * F);
-  float* GR = take(nR);
-  float* UR = take(nR);
-  float* HQ = take(N * hq);
-  float* H4 = take(nH4);
-  float* Y = take(N * H);
-  float* TQ = take(T * pq);
-  float* TR = take(nTR);
+  std::vector<float> XQ(N * pq), XR(any_crit ? N * pr : 0), G(N * F), U(N * F);
+  std::vector<float> GR(any_crit ? N * F : 0), UR(any_crit ? N * F : 0);
+  std::vector<float> HQ(N * hq), H4(any_crit ? N * h4 : 0), Y(N * H);
   // 1. activations in the formats that will read them: prepared once per token, then
   //    copied to the token's gathered rows (a decode token feeds all k of its rows)
+  std::vector<float> TQ(T * pq), TR(any_crit ? T * pr : 0);
   parallel_for(T, [&](size_t b, size_t e, int) {
     for (size_t t = b; t < e; ++t) {
       prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
@@ -95,11 +55,11 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   }
   // 2. gate/up: WQ for all, WR for the critical rows (into their own buffers)
   std::vector<GemmJob> jobs = {
-      {Fmt::WQ, w.gate_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ, G, false},
-      {Fmt::WQ, w.up_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ, U, false}};
+      {Fmt::WQ, w.gate_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ.data(), G.data(), false},
+      {Fmt::WQ, w.up_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ.data(), U.data(), false}};
   if (any_crit) {
-    jobs.push_back({Fmt::WR, w.gate_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR, GR, false});
-    jobs.push_back({Fmt::WR, w.up_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR, UR, false});
+    jobs.push_back({Fmt::WR, w.gate_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR.data(), GR.data(), false});
+    jobs.push_back({Fmt::WR, w.up_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR.data(), UR.data(), false});
   }
   run_jobs(jobs.data(), jobs.size());
   // 3. h = silu(g) * u, prepared for the down format of its row
@@ -117,8 +77,8 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   }, 16);
   // 4. down: D4 for critical rows, WQ for the others
   jobs.clear();
-  if (any_crit) jobs.push_back({Fmt::D4, w.down4, H, F, cid.data(), coff.data(), ccnt.data(), cid.size(), H4, Y, false});
-  if (!nid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, nid.data(), noff.data(), ncnt.data(), nid.size(), HQ, Y, false});
+  if (any_crit) jobs.push_back({Fmt::D4, w.down4, H, F, cid.data(), coff.data(), ccnt.data(), cid.size(), H4.data(), Y.data(), false});
+  if (!nid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, nid.data(), noff.data(), ncnt.data(), nid.size(), HQ.data(), Y.data(), false});
   run_jobs(jobs.data(), jobs.size());
   // 5. router-weighted sum, split over columns so the row order (and result) is fixed
   parallel_for(H, [&](size_t c0, size_t c1, int) {
