@@ -13,13 +13,6 @@ namespace ggml {
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // R*T <= 12 accumulators + R weight registers fit in 16 ymm.
 template <int R, int T>
 void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t k, float* y, size_t ldy) {
@@ -45,7 +38,7 @@ void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t k, floa
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] += hsum(acc[r][t]);
+    for (int r = 0; r < R; ++r) y[t * ldy + r] += hsum8(acc[r][t]);
 }
 
 template <int R>
@@ -95,7 +88,7 @@ void fused(const uint8_t* w, size_t rb, size_t nb, const float* x, size_t ldx, f
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(d[r].acc[t]);
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum8(d[r].acc[t]);
 }
 
 template <class U, int T>

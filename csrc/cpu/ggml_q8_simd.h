@@ -14,11 +14,9 @@
 #include <cmath>
 
 #include "ggml_blocks.h"
+#include "simd.h"
 #include "ggml_q8.h"
 
-#ifndef RMOE_INLINE
-#define RMOE_INLINE inline __attribute__((always_inline))
-#endif
 
 namespace rmoe {
 namespace ggml {
@@ -27,13 +25,6 @@ namespace {
 RMOE_INLINE float q8_h2f(const uint8_t* p) { return _cvtsh_ss(ld16(p)); }
 RMOE_INLINE __m256i q8_ld256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 RMOE_INLINE __m128i q8_ld128(const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-
-RMOE_INLINE float q8_hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // init + sum of u8 x s8 products, 4 per int32 lane.
 template <bool VNNI>
@@ -204,7 +195,7 @@ void q8_tile(const uint8_t* w, size_t rb, size_t nb, const Q8View& x, float* y, 
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = q8_hsum(acc[r][t]) + ms[r][t];
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum8(acc[r][t]) + ms[r][t];
 }
 
 // T=1: R1 rows at once (independent chains, R1 row streams); else 4.

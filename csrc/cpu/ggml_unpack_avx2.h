@@ -8,10 +8,8 @@
 #include <immintrin.h>
 
 #include "ggml_blocks.h"
+#include "simd.h"
 
-#ifndef RMOE_INLINE
-#define RMOE_INLINE inline __attribute__((always_inline))
-#endif
 
 namespace rmoe {
 namespace ggml {

@@ -6,6 +6,8 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <cstring>
 
 namespace rmoe {
@@ -13,14 +15,7 @@ namespace resplit {
 
 namespace {
 
-inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
 
-inline float hsum(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
 
 // WQ on int8 activations (prep_wq_q8): 4 blocks per register, one byte lane per
 // weight byte. Digit of state u: (u >= 86) + (u >= 171), next state 3u mod 256;
@@ -68,7 +63,7 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
       tot[t] = _mm256_fmadd_ps(dq, v, tot[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum8(tot[t]);
 }
 
 
@@ -103,7 +98,7 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
       totm[t] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(gt + 48 + 8 * half), totm[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]) - hsum(totm[t]);
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum8(tot[t]) - hsum8(totm[t]);
 }
 
 // WR on int8 activations (prep_wr_q8). Per group: the 64 codes, spread to one byte
@@ -184,7 +179,7 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (; b0 + 3 <= nb; b0 += 3, q += wr_group_bytes(3)) wr_group<NT, 3>(q, D4, xp + 48 * b0, xs, tot);
   if (nb - b0 == 2) wr_group<NT, 2>(q, D4, xp + 48 * b0, xs, tot);
   if (nb - b0 == 1) wr_group<NT, 1>(q, D4, xp + 48 * b0, xs, tot);
-  for (int t = 0; t < NT; ++t) y[t * ys] = hsum(tot[t]);
+  for (int t = 0; t < NT; ++t) y[t * ys] = hsum8(tot[t]);
 }
 
 #define RMOE_TILED(name, tile)                                                                        \

@@ -9,6 +9,8 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +20,6 @@ namespace resplit {
 
 namespace {
 
-inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
 
 // WQ on int8 activations (prep_wq_q8): 8 blocks per register, one byte lane per
 // weight byte. Digit of state u: (u > 85) + (u > 170), next state 3u mod 256;

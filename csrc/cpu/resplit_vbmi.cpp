@@ -13,6 +13,8 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -21,7 +23,6 @@ namespace resplit {
 
 namespace {
 
-inline float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
 
 struct Consts {
   __m512i tab_lo[3], tab_hi[3];  // digit position p of code c -> 4*L+9 (c < 128)
