@@ -88,12 +88,7 @@ inline void tree32x2(const __m256* a, const __m256* b, float* sa, float* sb) {
 void d4_fit_avx2(const float* x, float* s_out, float* m_out) {
   __m256 xv[4], dv[4], L[4], t[4], u[4];
   for (int p = 0; p < 4; ++p) xv[p] = _mm256_loadu_ps(x + 8 * p);
-  float mn = 0.f, mx = x[0];
-  mn = std::min(mn, x[0]);
-  for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
-  const float span = mx - mn;
-  const bool ok = span > 0.f;
-  const float span1 = ok ? span : 1.f;
+  const auto [mn, span1, ok] = d4_range(x);
   float best_err = INFINITY, best_s = 0.f, best_m = -mn, sx, unused;
   tree32x2(xv, xv, &sx, &unused);
   const __m256 mnv = _mm256_set1_ps(mn), zero = _mm256_setzero_ps(), fifteen = _mm256_set1_ps(15.f);

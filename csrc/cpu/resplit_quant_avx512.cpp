@@ -77,11 +77,8 @@ inline void tree32x2(__m512 alo, __m512 ahi, __m512 blo, __m512 bhi, float* sa, 
 
 void d4_fit_avx512(const float* x, float* s_out, float* m_out) {
   const __m512 xlo = _mm512_loadu_ps(x), xhi = _mm512_loadu_ps(x + 16);
-  const float mx = _mm512_reduce_max_ps(_mm512_max_ps(xlo, xhi));
-  const float mn = std::min(0.f, _mm512_reduce_min_ps(_mm512_min_ps(xlo, xhi)));
-  const float span = mx - mn;
-  const bool ok = span > 0.f;
-  const float span1 = ok ? span : 1.f;
+  const auto [mn, span1, ok] = d4_range(std::min(0.f, _mm512_reduce_min_ps(_mm512_min_ps(xlo, xhi))),
+                                        _mm512_reduce_max_ps(_mm512_max_ps(xlo, xhi)));
   float best_err = INFINITY, best_s = 0.f, best_m = -mn, sx, unused;
   tree32x2(xlo, xhi, xlo, xhi, &sx, &unused);
   const __m512 mnv = _mm512_set1_ps(mn), zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.f);

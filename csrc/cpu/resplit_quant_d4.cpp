@@ -36,12 +36,7 @@ D4FitFn d4_fit_fn() {
 }  // namespace
 
 void d4_fit_scalar(const float* x, float* s_out, float* m_out) {
-  float mn = 0.f, mx = x[0];
-  mn = std::min(mn, x[0]);
-  for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
-  const float span = mx - mn;
-  const bool ok = span > 0.f;
-  const float span1 = ok ? span : 1.f;
+  const auto [mn, span1, ok] = d4_range(x);
   float best_err = INFINITY, best_s = 0.f, best_m = -mn;
   const float sx = tree32(x);
   float L[32], v[32];

@@ -11,6 +11,8 @@
 // Every variant performs these IEEE operations in this order (no FMA), so all
 // ISA paths choose the same bytes.
 #pragma once
+#include <algorithm>
+
 #include "convert.h"
 #include "resplit.h"
 
@@ -49,6 +51,22 @@ using D4FitFn = void (*)(const float* x /*[32]*/, float* s, float* m);
 void d4_fit_scalar(const float* x, float* s, float* m);
 void d4_fit_avx2(const float* x, float* s, float* m);
 void d4_fit_avx512(const float* x, float* s, float* m);
+
+// The range every D4 fit starts from: min(0, min x) .. max x. A zero span (all weights
+// equal and >= 0) fits nothing: the fit keeps s = 0 (ok false) and divides by 1.
+struct D4Range {
+  float mn, span1;
+  bool ok;
+};
+static inline D4Range d4_range(float mn, float mx) {
+  const float span = mx - mn;
+  return {mn, span > 0.f ? span : 1.f, span > 0.f};
+}
+static inline D4Range d4_range(const float* x /*[32]*/) {
+  float mn = std::min(0.f, x[0]), mx = x[0];
+  for (int j = 1; j < 32; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
+  return d4_range(mn, mx);
+}
 
 }  // namespace resplit
 }  // namespace rmoe
