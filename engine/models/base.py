@@ -7,8 +7,11 @@ import torch
 
 from .. import kernels
 from ..config import ModelConfig
+from ..moe.block import MoEFFN
+from ..moe.router import RouterSpec
 from ..weights import Weights
-from .common import KVCache, Rope, embed, linear, rms_norm
+from .common import KVCache, Rope, default_kq_scale, embed, linear, rms_norm
+from .experts_loader import load_experts
 
 
 class Attention:
@@ -121,3 +124,22 @@ class Transformer:
         if last_only:
             x = x[-1:]
         return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)
+
+
+def routed_ffn(cfg: ModelConfig, W: Weights, il: int, shared=None) -> MoEFFN:
+    """Layer il's routed experts behind its router, plus an optional shared expert."""
+    return MoEFFN(W.mat(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
+                  load_experts(cfg, W, il), RouterSpec.from_config(cfg), shared=shared)
+
+
+def build_standard(cfg: ModelConfig, W: Weights, n_ctx: int, progress=None, qk_norm: str | None = None,
+                   bias: bool = False, ffn=routed_ffn) -> Transformer:
+    """Pre-norm blocks of GQA attention (RoPE; optional q/k/v biases and q/k norms)
+    and ffn(cfg, W, il)."""
+    rope = Rope(cfg, n_ctx)
+
+    def block(cfg, W, il):
+        attn = Attention(cfg, W, il, rope, default_kq_scale(cfg), bias=bias, qk_norm=qk_norm)
+        return Block(cfg, W, il, attn, ffn(cfg, W, il))
+
+    return Transformer(cfg, W, block, progress)
