@@ -8,6 +8,7 @@ turns a plan into a GGUF.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 # Preset name -> llama.cpp architecture and shape. The tiny fixtures exercise each
@@ -71,10 +72,7 @@ class TensorSpec:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.ne:
-            n *= d
-        return n
+        return math.prod(self.ne)
 
 
 def resolve_shape(preset: str, **overrides) -> SynthShape:

@@ -11,6 +11,7 @@ u64 ne[n_dims], u32 type, u64 offset), padding to `general.alignment`, data.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -58,10 +59,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.ne:
-            n *= d
-        return n
+        return math.prod(self.ne)
 
 
 class _Cursor:
