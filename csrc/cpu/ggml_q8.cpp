@@ -23,33 +23,29 @@ int q8_layout_scalar(int type) {
 
 void quantize_q8_scalar(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
   const size_t G = q8_group(layout);
-  for (size_t t = 0; t < T; ++t) {
-    const float* xr = x + t * k;
-    const Q8Row row = q8_row(layout, dst + t * ld, k);
-    for (size_t g = 0; g < k / G; ++g) {
-      const float* xg = xr + g * G;
-      float amax = 0.0f;
-      bool bad = false;
-      for (size_t j = 0; j < G; ++j) {
-        const float a = std::fabs(xg[j]);
-        bad |= !(a <= FLT_MAX);
-        amax = a > amax ? a : amax;
-      }
-      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const float d = bad ? NAN : amax / 127.0f;
-      for (size_t j = 0; j < G; j += 16) {
-        int sum = 0;
-        for (size_t l = 0; l < 16; ++l) {
-          const int q = bad ? 0 : (int)std::nearbyint(xg[j + l] * id);  // ties to even, as cvtps2dq
-          const size_t e = g * G + j + l;
-          row.qs[layout == Q8_K_SWAP ? q8_swap_pos(e) : e] = (int8_t)q;
-          sum += q;
+  q8_quantize_rows(
+      layout, x, k, T, dst, ld,
+      [G](const float* xg, float* amax, bool* bad) {
+        *amax = 0.0f;
+        *bad = false;
+        for (size_t j = 0; j < G; ++j) {
+          const float a = std::fabs(xg[j]);
+          *bad |= !(a <= FLT_MAX);
+          *amax = a > *amax ? a : *amax;
         }
-        row.bsum[(g * G + j) / 16] = (int16_t)sum;
-      }
-      q8_set_scales(layout, row, g, d);
-    }
-  }
+      },
+      [G, layout](const float* xg, size_t e0, float id, bool bad, const Q8Row& row) {
+        for (size_t j = 0; j < G; j += 16) {
+          int sum = 0;
+          for (size_t l = 0; l < 16; ++l) {
+            const int q = bad ? 0 : (int)std::nearbyint(xg[j + l] * id);  // ties to even, as cvtps2dq
+            const size_t e = e0 + j + l;
+            row.qs[layout == Q8_K_SWAP ? q8_swap_pos(e) : e] = (int8_t)q;
+            sum += q;
+          }
+          row.bsum[(e0 + j) / 16] = (int16_t)sum;
+        }
+      });
 }
 
 namespace {

@@ -118,6 +118,29 @@ inline void q8_set_scales(int layout, const Q8Row& row, size_t g, float d) {
   }
 }
 
+// The quantizers' common walk over every group of every row. Per group the ISA part
+// finds max |x| and whether any value is not finite (probe(xg, &amax, &bad)), then writes
+// the group's int8 values and 16-value sums (store(xg, e0, id, bad, row): x * id rounded
+// to nearest even, e0 the group's first element; id = 127 / amax, 0 for a bad group);
+// the scales are set here. Same arithmetic on every path.
+template <class Probe, class Store>
+void q8_quantize_rows(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld, Probe probe,
+                      Store store) {
+  const size_t G = q8_group(layout);
+  for (size_t t = 0; t < T; ++t) {
+    const Q8Row row = q8_row(layout, dst + t * ld, k);
+    for (size_t g = 0; g < k / G; ++g) {
+      const float* xg = x + t * k + g * G;
+      float amax;
+      bool bad;
+      probe(xg, &amax, &bad);
+      const float id = amax > 0.0f && !bad ? 127.0f / amax : 0.0f;
+      store(xg, g * G, id, bad, row);
+      q8_set_scales(layout, row, g, bad ? NAN : amax / 127.0f);
+    }
+  }
+}
+
 // Q4_K / Q5_K 12 scale bytes -> bytes 0..7 = sc[0..7], 8..15 = mn[0..7] (the
 // 6-bit packing diagrammed in ggml_blocks.h, undone four bytes at a time).
 inline void k4_unpack_scales(const uint8_t* s, uint32_t out[4]) {

@@ -82,46 +82,39 @@ int q8_layout_avx2(int type) { return q8_layout_scalar(type); }
 
 // Same arithmetic as quantize_q8_scalar: max |x| per group, one f32 division
 // for 127 / amax, x * that rounded to nearest even (cvtps2dq), packed to int8;
-// the scales by q8_set_scales.
+// the walk and the scales in q8_quantize_rows.
 void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
   const size_t G = q8_group(layout);
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for (size_t t = 0; t < T; ++t) {
-    const float* xr = x + t * k;
-    const Q8Row row = q8_row(layout, dst + t * ld, k);
-    int8_t* qs = row.qs;
-    int16_t* bs = row.bsum;
-    for (size_t g = 0; g < k / G; ++g) {
-      const float* xg = xr + g * G;
-      __m256 am = _mm256_setzero_ps();
-      __m256 bad = _mm256_setzero_ps();
-      for (size_t j = 0; j < G; j += 8) {
-        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + j), absmask);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
-        am = _mm256_max_ps(am, a);
-      }
-      __m128 m = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
-      m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-      m = _mm_max_ss(m, _mm_movehdup_ps(m));
-      const float amax = _mm_cvtss_f32(m);
-      const bool isbad = _mm256_movemask_ps(bad) != 0;
-      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const float d = isbad ? NAN : amax / 127.0f;
-      const __m256 vid = _mm256_set1_ps(isbad ? 0.0f : id);
-      for (size_t j = 0; j < G; j += 32) {
-        __m256i q[4];
-        for (int v = 0; v < 4; ++v) q[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + j + 8 * v), vid));
-        // packs interleave 128-bit lanes: dwords come out as 0 2 4 6 1 3 5 7 of the 32 values
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        const size_t e = g * G + j;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + e),
-                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        bs[e / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
-        bs[e / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
-      }
-      q8_set_scales(layout, row, g, d);
-    }
-  }
+  q8_quantize_rows(
+      layout, x, k, T, dst, ld,
+      [G](const float* xg, float* amax, bool* bad) {
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 am = _mm256_setzero_ps(), nf = _mm256_setzero_ps();
+        for (size_t j = 0; j < G; j += 8) {
+          const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + j), absmask);
+          nf = _mm256_or_ps(nf, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+          am = _mm256_max_ps(am, a);
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        *amax = _mm_cvtss_f32(m);
+        *bad = _mm256_movemask_ps(nf) != 0;
+      },
+      [G](const float* xg, size_t e0, float id, bool, const Q8Row& row) {
+        const __m256 vid = _mm256_set1_ps(id);
+        for (size_t j = 0; j < G; j += 32) {
+          __m256i q[4];
+          for (int v = 0; v < 4; ++v) q[v] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + j + 8 * v), vid));
+          // packs interleave 128-bit lanes: dwords come out as 0 2 4 6 1 3 5 7 of the 32 values
+          const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+          const size_t e = e0 + j;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(row.qs + e),
+                              _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+          row.bsum[e / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
+          row.bsum[e / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
+        }
+      });
 }
 
 bool gemv_q8_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,

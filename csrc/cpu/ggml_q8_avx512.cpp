@@ -129,38 +129,33 @@ int q8_layout_avx512(int type) {
 
 // Same arithmetic as quantize_q8_scalar: max |x| per group, one f32 division
 // for 127 / amax, x * that rounded to nearest even (cvtps2dq), saturated to int8;
-// the scales by q8_set_scales.
+// the walk and the scales in q8_quantize_rows.
 void quantize_q8_avx512(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
   const size_t G = q8_group(layout);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (size_t t = 0; t < T; ++t) {
-    const float* xr = x + t * k;
-    const Q8Row row = q8_row(layout, dst + t * ld, k);
-    int8_t* qs = row.qs;
-    int16_t* bs = row.bsum;
-    for (size_t g = 0; g < k / G; ++g) {
-      const float* xg = xr + g * G;
-      __m512 am = _mm512_setzero_ps();
-      __mmask16 bad = 0;
-      for (size_t j = 0; j < G; j += 16) {
-        const __m512 a = _mm512_and_ps(_mm512_loadu_ps(xg + j), absmask);
-        bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
-        am = _mm512_max_ps(am, a);
-      }
-      const float amax = _mm512_reduce_max_ps(am);
-      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const float d = bad ? NAN : amax / 127.0f;
-      const __m512 vid = _mm512_set1_ps(bad ? 0.0f : id);
-      for (size_t j = 0; j < G; j += 16) {
-        const size_t e = g * G + j;
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + j), vid));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (layout == Q8_K_SWAP ? q8_swap_pos(e) : e)),
-                         _mm512_cvtsepi32_epi8(q));
-        bs[e / 16] = (int16_t)_mm512_reduce_add_epi32(q);
-      }
-      q8_set_scales(layout, row, g, d);
-    }
-  }
+  q8_quantize_rows(
+      layout, x, k, T, dst, ld,
+      [G](const float* xg, float* amax, bool* bad) {
+        const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+        __m512 am = _mm512_setzero_ps();
+        __mmask16 nf = 0;
+        for (size_t j = 0; j < G; j += 16) {
+          const __m512 a = _mm512_and_ps(_mm512_loadu_ps(xg + j), absmask);
+          nf |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+          am = _mm512_max_ps(am, a);
+        }
+        *amax = _mm512_reduce_max_ps(am);
+        *bad = nf != 0;
+      },
+      [G, layout](const float* xg, size_t e0, float id, bool, const Q8Row& row) {
+        const __m512 vid = _mm512_set1_ps(id);
+        for (size_t j = 0; j < G; j += 16) {
+          const size_t e = e0 + j;
+          const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + j), vid));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row.qs + (layout == Q8_K_SWAP ? q8_swap_pos(e) : e)),
+                           _mm512_cvtsepi32_epi8(q));
+          row.bsum[e / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+      });
 }
 
 bool gemv_q8_avx512(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,
