@@ -5,7 +5,9 @@ float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
 The SIMD paths run WQ, WR and D4 on int8 activations (per 32: sx = max|x|/127,
 rint(x/sx)); their reference applies the same rounding to x (oracle q8_activations), so
-the bound holds.
+the bound holds. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
+groups of that many tokens or more use weights requantized by the same rule (WQ + WR
+summed first for critical gate/up), and so does their reference.
 """
 import os
 import subprocess
@@ -46,11 +48,27 @@ def make_layer(rng, E, H, F):
 
 def moe_reference(L, x, ids, wts, ncrit, H, F):
     deq = lambda f, q, n: o.dequantize(f, q, n).astype(np.float64)  # noqa: E731
+    min_tok = kernels.isa_info()["i8_gemm_min_tokens"]
+    groups = {}
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            key = (ids[t, j], j < ncrit[t])
+            groups[key] = groups.get(key, 0) + 1
     out = np.zeros(x.shape, np.float64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = ids[t, j]
             crit = j < ncrit[t]
+            if min_tok and groups[(e, crit)] >= min_tok:  # requantized int8 GEMM
+                w8 = lambda *parts: o.q8_activations(sum(o.dequantize(*p) for p in parts)).astype(np.float64)  # noqa: E731
+                xq = o.q8_activations(x[t]).astype(np.float64)
+                res = lambda name: [("wr", L[name][e], H)] if crit else []  # noqa: E731
+                g = w8(("wq", L["gate_q"][e], H), *res("gate_r")) @ xq
+                u = w8(("wq", L["up_q"][e], H), *res("up_r")) @ xq
+                h = (silu(g) * u).astype(np.float32)
+                down = ("d4", L["down4"][e], F) if crit else ("wq", L["down_q"][e], F)
+                out[t] += wts[t, j] * (w8(down) @ o.q8_activations(h))
+                continue
             xq = wq_x(x[t]).astype(np.float64)
             xr = wr_x(x[t]).astype(np.float64)
             g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ xr if crit else 0)
@@ -93,6 +111,21 @@ def check_all(seed=0):
     for ncrit in (np.zeros(T, np.int32), np.full(T, k, np.int32), np.array([0, 1, 2, 3, 1], np.int32)):
         out = kernels.resplit_moe_forward(x, ids, wts, ncrit, **L)
         close(out, moe_reference(L, x, ids, wts, ncrit, H, F))
+    # prefill: groups of many tokens next to small ones (the int8 GEMM where it runs), odd sizes
+    E, H, F, T, k = 5, 200, 72, 37, 3
+    L = make_layer(rng, E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    first = np.where(np.arange(T) % 9 == 0, rng.integers(0, E, T), 0)  # expert 0 leads most tokens
+    ids = np.array([[f, *rng.permutation(np.delete(np.arange(E), f))[:k - 1]] for f in first], np.int32)
+    wts = rng.random((T, k)).astype(np.float32)
+    for ncrit in (np.zeros(T, np.int32), np.full(T, k, np.int32), rng.integers(0, k + 1, T).astype(np.int32)):
+        out = kernels.resplit_moe_forward(x, ids, wts, ncrit, **L)
+        close(out, moe_reference(L, x, ids, wts, ncrit, H, F))
+    E, H, F, T, k = 6, 128, 96, 5, 3
+    L = make_layer(rng, E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    wts = rng.random((T, k)).astype(np.float32)
     nc = dict(L, gate_r=None, up_r=None, down4=None)  # WQ-only layer needs no residual tensors
     close(kernels.resplit_moe_forward(x, ids, wts, np.zeros(T, np.int32), **nc),
           moe_reference(L, x, ids, wts, np.zeros(T, np.int32), H, F))

@@ -95,6 +95,7 @@ bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 void row_dot_d4_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
+void dequant_row_wr_vbmi(const uint8_t* row, size_t nb, float* out);
 
 // Batched expert GEMM: for each selected slot s (one expert id each),
 //   y[s][t][o] = sum_i W[ids[s]][o][i] * x[s][t][i]   for t < ntok[s].
@@ -120,6 +121,35 @@ struct GemmJob {
   bool accumulate;
 };
 void run_jobs(const GemmJob* jobs, size_t nj);
+
+// Prefill GEMM for expert groups of many tokens (resplit_i8_avx512.cpp, AVX-512 VNNI):
+// tiles of 32 rows are dequantized (Wa, plus Wb when set: WQ + WR of a critical
+// gate/up), requantized to int8 per 32 weights by the activations' rule and multiplied
+// with int8 activations 16 rows per register. Activations: prep_i8 per row, xu [nb*32]
+// bytes (x_q + 128) and sx [nb] scales, nb = ceil(n/32); gathered row r reads activation
+// row xrow[r] (identity when xrow is null) and writes y row r.
+bool i8_gemm_available();
+constexpr size_t kI8MinTokens = 8;  // moe_forward gives groups of at least this many tokens the i8 GEMM
+void prep_i8(const float* x, size_t n, uint8_t* xu, float* sx);
+struct I8Job {
+  Fmt fa;
+  const uint8_t* Wa;  // [E, out_dim, row_bytes(fa, in_dim)]
+  Fmt fb;
+  const uint8_t* Wb;  // same shape in fb, added to Wa's weights; null: Wa alone
+  size_t out_dim, in_dim;
+  const int32_t* ids;   // [S]
+  const int64_t* xoff;  // [S] first gathered row of the slot
+  const int64_t* ntok;  // [S]
+  size_t S;
+  const int32_t* xrow;  // [rows] activation row per gathered row, or null
+  const uint8_t* xu;    // [*, nb*32]
+  const float* sx;      // [*, nb]
+  float* y;             // [rows, out_dim]
+};
+void run_i8_jobs(const I8Job* jobs, size_t nj);
+// h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
+void silu_mul(const float* g, const float* u, size_t n, float* h);
+void silu_mul_avx512(const float* g, const float* u, size_t n, float* h);
 
 // The split execution of one MoE layer on the CPU.
 // x [T,H]; ids, weights [T,k]; ncrit [T]: slots j < ncrit[t] are critical.

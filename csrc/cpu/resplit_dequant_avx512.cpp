@@ -40,7 +40,9 @@ void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* out) {
   if (b < nb) dequant_row_wq_avx2(q, nb - b, out);
 }
 
-void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }  // table decode
+void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
+  (vbmi_kernels() ? dequant_row_wr_vbmi : dequant_row_wr_scalar)(q, nb, out);
+}
 
 void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));

@@ -214,6 +214,14 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
   return nullptr;
 }
 
+void silu_mul(const float* g, const float* u, size_t n, float* h) {
+#if RMOE_X86
+  static const bool avx512 = active_isa() == Isa::Avx512;
+  if (avx512) return silu_mul_avx512(g, u, n, h);
+#endif
+  for (size_t i = 0; i < n; ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 // ---------------------------------------------------------------- expert GEMM
 namespace {
 constexpr size_t kRowGroup = 8;  // output rows per work item

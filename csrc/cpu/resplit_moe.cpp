@@ -3,6 +3,7 @@
 // down, and the router-weighted sum.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "resplit.h"
@@ -10,6 +11,13 @@
 
 namespace rmoe {
 namespace resplit {
+
+namespace {
+template <class T>
+std::unique_ptr<T[]> uninit(size_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
+}  // namespace
 
 void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const int32_t* ids, const float* weights,
                  const int32_t* ncrit, float* out) {
@@ -19,72 +27,116 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   std::vector<std::vector<int64_t>> members(2 * E);
   for (size_t t = 0; t < T; ++t)
     for (size_t j = 0; j < k; ++j) members[2 * (size_t)ids[t * k + j] + ((int32_t)j < ncrit[t] ? 1 : 0)].push_back((int64_t)(t * k + j));
-  std::vector<int32_t> gid, cid, nid;  // expert per group: all, critical, non-critical
-  std::vector<int64_t> goff, gcnt, coff, ccnt, noff, ncnt, rows;
+  std::vector<int32_t> gid;  // expert per group
+  std::vector<int64_t> goff, gcnt, rows;
   std::vector<char> crit;              // per gathered row
   for (size_t g = 0; g < 2 * E; ++g) {
     if (members[g].empty()) continue;
     const int32_t e = (int32_t)(g / 2);
     const int64_t off = (int64_t)rows.size(), cnt = (int64_t)members[g].size();
     gid.push_back(e); goff.push_back(off); gcnt.push_back(cnt);
-    if (g & 1) { cid.push_back(e); coff.push_back(off); ccnt.push_back(cnt); }
-    else { nid.push_back(e); noff.push_back(off); ncnt.push_back(cnt); }
     rows.insert(rows.end(), members[g].begin(), members[g].end());
     crit.insert(crit.end(), (size_t)cnt, (char)(g & 1));
   }
   const size_t N = rows.size();
-  const bool any_crit = !cid.empty();
+  // Groups of many tokens take the int8 GEMM where it runs (resplit_i8_avx512.cpp); the
+  // others (all of decode) the per-row kernels, whose activations are prepared per format.
+  const bool i8 = i8_gemm_available();
+  std::vector<int32_t> sid, bcid, scid, bnid, snid;  // small: all, critical, non-critical; big: critical, not
+  std::vector<int64_t> soff, scnt, bcoff, bccnt, scoff, sccnt, bnoff, bncnt, snoff, sncnt;
+  std::vector<char> rbig(N, 0);  // per gathered row
+  for (size_t g = 0; g < gid.size(); ++g) {
+    auto add = [&](std::vector<int32_t>& id, std::vector<int64_t>& off, std::vector<int64_t>& cnt) {
+      id.push_back(gid[g]); off.push_back(goff[g]); cnt.push_back(gcnt[g]);
+    };
+    const bool c = crit[(size_t)goff[g]] != 0;
+    if (i8 && gcnt[g] >= (int64_t)kI8MinTokens) {
+      c ? add(bcid, bcoff, bccnt) : add(bnid, bnoff, bncnt);
+      std::fill(rbig.begin() + goff[g], rbig.begin() + goff[g] + gcnt[g], 1);
+    } else {
+      add(sid, soff, scnt);
+      c ? add(scid, scoff, sccnt) : add(snid, snoff, sncnt);
+    }
+  }
+  const bool any_small = !sid.empty(), any_big = !bcid.empty() || !bnid.empty();
+  const bool small_crit = !scid.empty();
   const size_t pq = prep_floats(Fmt::WQ, H), pr = prep_floats(Fmt::WR, H);
   const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
-  std::vector<float> XQ(N * pq), XR(any_crit ? N * pr : 0), G(N * F), U(N * F);
-  std::vector<float> GR(any_crit ? N * F : 0), UR(any_crit ? N * F : 0);
-  std::vector<float> HQ(N * hq), H4(any_crit ? N * h4 : 0), Y(N * H);
+  const size_t nbH = (H + 31) / 32, nbF = (F + 31) / 32;
+  // Buffers are left uninitialized: every element read is written first.
+  auto XQ = uninit<float>(any_small ? N * pq : 0), XR = uninit<float>(small_crit ? N * pr : 0);
+  auto G = uninit<float>(N * F), U = uninit<float>(N * F), Y = uninit<float>(N * H);
+  auto GR = uninit<float>(small_crit ? N * F : 0), UR = uninit<float>(small_crit ? N * F : 0);
+  auto HQ = uninit<float>(any_small ? N * hq : 0), H4 = uninit<float>(small_crit ? N * h4 : 0);
+  auto XU = uninit<uint8_t>(any_big ? T * nbH * 32 : 0), HU = uninit<uint8_t>(any_big ? N * nbF * 32 : 0);
+  auto XS = uninit<float>(any_big ? T * nbH : 0), HS = uninit<float>(any_big ? N * nbF : 0);
+  std::vector<int32_t> tok(N);
+  for (size_t r = 0; r < N; ++r) tok[r] = (int32_t)(rows[r] / (int64_t)k);
   // 1. activations in the formats that will read them: prepared once per token, then
   //    copied to the token's gathered rows (a decode token feeds all k of its rows)
-  std::vector<float> TQ(T * pq), TR(any_crit ? T * pr : 0);
+  auto TQ = uninit<float>(any_small ? T * pq : 0), TR = uninit<float>(small_crit ? T * pr : 0);
   parallel_for(T, [&](size_t b, size_t e, int) {
     for (size_t t = b; t < e; ++t) {
-      prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
-      if (any_crit) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
+      if (any_small) prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
+      if (small_crit) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
+      if (any_big) prep_i8(x + t * H, H, &XU[t * nbH * 32], &XS[t * nbH]);
     }
   }, 4);
   for (size_t r = 0; r < N; ++r) {
-    const size_t t = (size_t)(rows[r] / (int64_t)k);
-    std::memcpy(&XQ[r * pq], &TQ[t * pq], pq * sizeof(float));
-    if (crit[r]) std::memcpy(&XR[r * pr], &TR[t * pr], pr * sizeof(float));
+    if (rbig[r]) continue;
+    std::memcpy(&XQ[r * pq], &TQ[(size_t)tok[r] * pq], pq * sizeof(float));
+    if (crit[r]) std::memcpy(&XR[r * pr], &TR[(size_t)tok[r] * pr], pr * sizeof(float));
   }
-  // 2. gate/up: WQ for all, WR for the critical rows (into their own buffers)
-  std::vector<GemmJob> jobs = {
-      {Fmt::WQ, w.gate_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ.data(), G.data(), false},
-      {Fmt::WQ, w.up_q, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XQ.data(), U.data(), false}};
-  if (any_crit) {
-    jobs.push_back({Fmt::WR, w.gate_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR.data(), GR.data(), false});
-    jobs.push_back({Fmt::WR, w.up_r, F, H, cid.data(), coff.data(), ccnt.data(), cid.size(), XR.data(), UR.data(), false});
+  // 2. gate/up: WQ for all, WR for the critical rows (into their own buffers); big
+  //    critical groups get WQ + WR as one int8 product
+  std::vector<GemmJob> jobs;
+  if (any_small) {
+    jobs.push_back({Fmt::WQ, w.gate_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ.get(), G.get(), false});
+    jobs.push_back({Fmt::WQ, w.up_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ.get(), U.get(), false});
+  }
+  if (small_crit) {
+    jobs.push_back({Fmt::WR, w.gate_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR.get(), GR.get(), false});
+    jobs.push_back({Fmt::WR, w.up_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR.get(), UR.get(), false});
   }
   run_jobs(jobs.data(), jobs.size());
+  std::vector<I8Job> ij;
+  auto i8job = [&](Fmt fa, const uint8_t* Wa, Fmt fb, const uint8_t* Wb, size_t out_dim, size_t in_dim,
+                   const std::vector<int32_t>& id, const std::vector<int64_t>& off, const std::vector<int64_t>& cnt,
+                   const int32_t* xrow, const uint8_t* xu, const float* sx, float* y) {
+    if (!id.empty()) ij.push_back({fa, Wa, fb, Wb, out_dim, in_dim, id.data(), off.data(), cnt.data(), id.size(), xrow, xu, sx, y});
+  };
+  i8job(Fmt::WQ, w.gate_q, Fmt::WR, w.gate_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), G.get());
+  i8job(Fmt::WQ, w.up_q, Fmt::WR, w.up_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), U.get());
+  i8job(Fmt::WQ, w.gate_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU.get(), XS.get(), G.get());
+  i8job(Fmt::WQ, w.up_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU.get(), XS.get(), U.get());
+  run_i8_jobs(ij.data(), ij.size());
   // 3. h = silu(g) * u, prepared for the down format of its row
   parallel_for(N, [&](size_t b, size_t e, int) {
     std::vector<float> hrow(F);
     for (size_t r = b; r < e; ++r) {
-      for (size_t i = 0; i < F; ++i) {
-        const float g = crit[r] ? G[r * F + i] + GR[r * F + i] : G[r * F + i];
-        const float u = crit[r] ? U[r * F + i] + UR[r * F + i] : U[r * F + i];
-        hrow[i] = g / (1.0f + std::exp(-g)) * u;
-      }
-      if (crit[r]) prep_x(Fmt::D4, hrow.data(), F, &H4[r * h4]);
+      float *g = &G[r * F], *u = &U[r * F];
+      if (crit[r] && !rbig[r])
+        for (size_t i = 0; i < F; ++i) { g[i] += GR[r * F + i]; u[i] += UR[r * F + i]; }
+      silu_mul(g, u, F, hrow.data());
+      if (rbig[r]) prep_i8(hrow.data(), F, &HU[r * nbF * 32], &HS[r * nbF]);
+      else if (crit[r]) prep_x(Fmt::D4, hrow.data(), F, &H4[r * h4]);
       else prep_x(Fmt::WQ, hrow.data(), F, &HQ[r * hq]);
     }
   }, 16);
   // 4. down: D4 for critical rows, WQ for the others
   jobs.clear();
-  if (any_crit) jobs.push_back({Fmt::D4, w.down4, H, F, cid.data(), coff.data(), ccnt.data(), cid.size(), H4.data(), Y.data(), false});
-  if (!nid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, nid.data(), noff.data(), ncnt.data(), nid.size(), HQ.data(), Y.data(), false});
+  if (small_crit) jobs.push_back({Fmt::D4, w.down4, H, F, scid.data(), scoff.data(), sccnt.data(), scid.size(), H4.get(), Y.get(), false});
+  if (!snid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, snid.data(), snoff.data(), sncnt.data(), snid.size(), HQ.get(), Y.get(), false});
   run_jobs(jobs.data(), jobs.size());
+  ij.clear();
+  i8job(Fmt::D4, w.down4, Fmt::D4, nullptr, H, F, bcid, bcoff, bccnt, nullptr, HU.get(), HS.get(), Y.get());
+  i8job(Fmt::WQ, w.down_q, Fmt::WQ, nullptr, H, F, bnid, bnoff, bncnt, nullptr, HU.get(), HS.get(), Y.get());
+  run_i8_jobs(ij.data(), ij.size());
   // 5. router-weighted sum, split over columns so the row order (and result) is fixed
   parallel_for(H, [&](size_t c0, size_t c1, int) {
     for (size_t t = 0; t < T; ++t) std::memset(out + t * H + c0, 0, (c1 - c0) * sizeof(float));
     for (size_t r = 0; r < N; ++r) {
-      const size_t t = (size_t)(rows[r] / (int64_t)k);
+      const size_t t = (size_t)tok[r];
       const float wt = weights[rows[r]];
       for (size_t c = c0; c < c1; ++c) out[t * H + c] += wt * Y[r * H + c];
     }

@@ -231,6 +231,33 @@ void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
   if (t < T) wr_tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);
 }
 
+// WR row -> floats: each register is one 16-weight sub-block, L = (table byte - 9) / 4
+// exactly, times D * 2^(-k/4) as the scalar decoder rounds it.
+void dequant_row_wr_vbmi(const uint8_t* q, size_t nb, float* out) {
+  require_vbmi();
+  const Consts& k = consts();
+  const float D = h2f(q[0] | (q[1] << 8));
+  q += 2;
+  const __m512 nine = _mm512_set1_ps(9.f), quarter = _mm512_set1_ps(0.25f);
+  for (size_t b0 = 0; b0 < nb; b0 += 3) {
+    const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
+    const __m512i c = codes(k, q, w);
+    for (size_t p = 0; p < m; ++p) {
+      const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
+      const uint32_t sc = q[8 * w + 2 * p] | ((uint32_t)q[8 * w + 2 * p + 1] << 8);
+      float* o = out + 64 * (b0 + p);
+      alignas(64) uint8_t lb[64];
+      _mm512_store_si512(lb, lv);
+      for (int s = 0; s < 4; ++s) {
+        const __m512i li = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(lb + 16 * s)));
+        const __m512 L = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(li), nine), quarter);
+        _mm512_storeu_ps(o + 16 * s, _mm512_mul_ps(_mm512_set1_ps(D * kWrTable[(sc >> (4 * s)) & 0xF]), L));
+      }
+    }
+    q += wr_group_bytes(m);
+  }
+}
+
 void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vbmi();
   size_t r = 0;
@@ -253,6 +280,7 @@ void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
   row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
 }
 void rows_dot_wr_vbmi(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void dequant_row_wr_vbmi(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }
 }  // namespace resplit
 }  // namespace rmoe
 #endif
