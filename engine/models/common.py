@@ -100,12 +100,21 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
         qg = q.view(Hkv, rep, hd)  # [Hkv, rep, hd]
         p = torch.softmax(torch.matmul(qg, kh.transpose(1, 2)) * scale, dim=-1)  # [Hkv, rep, S]
         return torch.matmul(p, vh).reshape(1, -1)  # [1, H*hdv]
-    qh = q.transpose(0, 1)  # [H, T, hd]
-    qpos = torch.arange(pos0, pos0 + T)[:, None]
-    mask = torch.arange(S)[None, :] <= qpos  # [T, S]
-    out = F.scaled_dot_product_attention(qh, kh.repeat_interleave(rep, dim=0), vh.repeat_interleave(rep, dim=0),
-                                         attn_mask=mask, scale=scale)  # [H, T, hdv]
-    return out.transpose(0, 1).reshape(T, -1)
+    # prefill: chunks of queries against the keys they can see (later keys are never
+    # computed), the rep query heads of a group batched over their shared K/V head
+    # (no copy per head). A chunk's scores [H, c, S] stay within ~16 MB.
+    hdv = v_all.shape[-1]
+    qg = q.permute(1, 0, 2).reshape(Hkv, rep, T, hd)
+    out = torch.empty(T, Hkv, rep, hdv)
+    step = max(16, min(128, (16 << 20) // (4 * H * S)))
+    for c0 in range(0, T, step):
+        c1 = min(T, c0 + step)
+        s1 = pos0 + c1  # keys visible to the chunk's last query
+        s = torch.matmul(qg[:, :, c0:c1], kh[:, None, :s1].transpose(2, 3))  # [Hkv, rep, c, s1]
+        hidden = torch.arange(s1)[None, :] > torch.arange(pos0 + c0, pos0 + c1)[:, None]
+        p = torch.softmax(s.mul_(scale).masked_fill_(hidden, float("-inf")), dim=-1)
+        out[c0:c1] = torch.matmul(p, vh[:, None, :s1]).permute(2, 0, 1, 3)
+    return out.view(T, -1)
 
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
