@@ -77,6 +77,19 @@ def ggml_expert_matmul(w: np.ndarray, qtype: int, expert_ids: np.ndarray, x: np.
     return _cpu.ggml_expert_matmul(_as_bytes(w), int(qtype), ids, x)
 
 
+# ---- decode attention (csrc/cpu/attn.h) ----
+def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos: int,
+                n_head: int, cos: np.ndarray, sin: np.ndarray, rope_dim: int, neox: bool,
+                q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, scale: float) -> np.ndarray:
+    """One decode token of GQA attention after its projections: per-head RMS norms of q
+    and k (when given), RoPE (cos/sin of the position), k and v written into the caches
+    kc [n_ctx, n_kv, hd] / vc [n_ctx, n_kv, hdv] at pos (in place), then attention over
+    positions 0..pos -> [n_head * hdv]. q and k are scratch (rotated in place)."""
+    f32 = lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    return _cpu.attn_decode(f32(q), f32(k), f32(v), kc, vc, int(pos), int(n_head), f32(cos), f32(sin),
+                            int(rope_dim), bool(neox), f32(q_norm), f32(k_norm), float(eps), float(scale))
+
+
 # ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----
 def resplit_format_version() -> int:
     """Version of the WQ/WR/D4 bytes and their meaning (a pack made with another is stale)."""

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attn.h"
 #include "convert.h"
 #include "ggml_kernels.h"
 #include "isa.h"
@@ -204,6 +205,59 @@ void def_resplit(py::module_& m) {
 
 }  // namespace
 
+// ---- decode attention (csrc/cpu/attn.h) ----
+namespace {
+
+// A float32 C-contiguous writable array, used in place (never a converted copy).
+float* inplace_f32(const py::array& a, size_t ndim, const char* what) {
+  if (!py::isinstance<py::array_t<float>>(a) || !(a.flags() & py::array::c_style) || !a.writeable() ||
+      (size_t)a.ndim() != ndim)
+    throw py::value_error(std::string("attn_decode: ") + what + " must be a writable C-contiguous float32 array of " +
+                          std::to_string(ndim) + " dims");
+  return static_cast<float*>(const_cast<void*>(a.data()));
+}
+
+// An optional float32 vector of n values (None: null); keep holds the array alive.
+const float* opt_f32(const py::object& o, size_t n, const char* what, F32Array& keep) {
+  if (o.is_none()) return nullptr;
+  keep = o.cast<F32Array>();
+  if ((size_t)keep.size() != n) throw py::value_error(std::string("attn_decode: ") + what + " has the wrong size");
+  return keep.data();
+}
+
+void def_attn(py::module_& m) {
+  m.def("attn_decode", [](F32Array q, F32Array k, const F32Array& v, const py::array& kc, const py::array& vc, size_t pos,
+                          size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim, bool neox,
+                          const py::object& q_norm, const py::object& k_norm, float eps, float scale) {
+    float* kcp = inplace_f32(kc, 3, "k cache");
+    float* vcp = inplace_f32(vc, 3, "v cache");
+    const size_t nkv = (size_t)kc.shape(1), hd = (size_t)kc.shape(2), hdv = (size_t)vc.shape(2);
+    if (n_head == 0 || nkv == 0 || n_head % nkv || (size_t)vc.shape(1) != nkv || pos >= (size_t)kc.shape(0) ||
+        pos >= (size_t)vc.shape(0) || (size_t)q.size() != n_head * hd || (size_t)k.size() != nkv * hd ||
+        (size_t)v.size() != nkv * hdv || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
+        (size_t)sin.size() < rope_dim / 2)
+      throw py::value_error("attn_decode: shapes do not agree");
+    F32Array qn, kn;
+    rmoe::AttnDecode a{n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(),
+                       opt_f32(q_norm, hd, "q_norm", qn), opt_f32(k_norm, hd, "k_norm", kn), eps, scale};
+    F32Array out((py::ssize_t)(n_head * hdv));
+    float* qp = q.mutable_data();
+    float* kp = k.mutable_data();
+    const float* vp = v.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      rmoe::attn_decode(a, qp, kp, vp, kcp, vcp, pos, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kc"), py::arg("vc"), py::arg("pos"), py::arg("n_head"),
+     py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), py::arg("neox"), py::arg("q_norm"), py::arg("k_norm"),
+     py::arg("eps"), py::arg("scale"),
+     "one decode token of GQA attention: q/k head norms, RoPE, K/V into the cache at pos, attention -> [n_head*hdv]");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_cpu, m) {
   m.doc() = "rapidmoe CPU kernels";
   m.def("f16_to_f32", [](const U16Array& a) { return convert_rows(a, rmoe::f16_to_f32_row); },
@@ -274,4 +328,5 @@ PYBIND11_MODULE(_cpu, m) {
       },
       py::arg("w"), py::arg("type"), py::arg("ids"), py::arg("x"), "y[j] = W[ids[j]] @ x[j] over stacked experts");
   def_resplit(m);
+  def_attn(m);
 }

@@ -32,9 +32,11 @@ class Attention:
         self.bk = opt(p + "attn_k.bias", nkv * hd)
         self.bv = opt(p + "attn_v.bias", nkv * hdv)
         self.qk_norm = qk_norm
+        self.q_norm_np = self.k_norm_np = None  # per-head norms for the decode kernel
         if qk_norm == "head":
             self.q_norm = W.get(p + "attn_q_norm.weight", hd)
             self.k_norm = W.get(p + "attn_k_norm.weight", hd)
+            self.q_norm_np, self.k_norm_np = self.q_norm.numpy(), self.k_norm.numpy()
         elif qk_norm == "full":
             self.q_norm = W.get(p + "attn_q_norm.weight", nh * hd)
             self.k_norm = W.get(p + "attn_k_norm.weight", nkv * hd)
@@ -46,6 +48,16 @@ class Attention:
         q = linear(x, self.wq, self.bq)  # [T, nh*hd]
         k = linear(x, self.wk, self.bk)  # [T, nkv*hd]
         v = linear(x, self.wv, self.bv)  # [T, nkv*hdv]
+        if T == 1 and self.qk_norm != "full" and self.rope.dim <= cfg.head_dim:
+            # decode: norms, RoPE, cache write and attention in one kernel call
+            from .. import kernels
+
+            pos = pos0
+            o = kernels.attn_decode(
+                q.numpy(), k.numpy(), v.numpy(), cache.k[self.il].numpy(), cache.v[self.il].numpy(), pos,
+                cfg.n_head, self.rope.cos[pos].numpy(), self.rope.sin[pos].numpy(), self.rope.dim,
+                self.rope.style == "neox", self.q_norm_np, self.k_norm_np, cfg.rms_eps, self.scale)
+            return linear(torch.from_numpy(o).view(1, -1), self.wo)
         if self.qk_norm == "full":
             q = rms_norm(q, self.q_norm, cfg.rms_eps)
             k = rms_norm(k, self.k_norm, cfg.rms_eps)
