@@ -77,7 +77,11 @@ def ggml_expert_matmul(w: np.ndarray, qtype: int, expert_ids: np.ndarray, x: np.
     return _cpu.ggml_expert_matmul(_as_bytes(w), int(qtype), ids, x)
 
 
-# ---- decode attention (csrc/cpu/attn.h) ----
+# ---- decode attention and the fused decode block halves (csrc/cpu/attn.h, decode.h) ----
+def _f32(a):
+    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+
 def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos: int,
                 n_head: int, cos: np.ndarray, sin: np.ndarray, rope_dim: int, neox: bool,
                 q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, scale: float) -> np.ndarray:
@@ -85,9 +89,51 @@ def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc:
     and k (when given), RoPE (cos/sin of the position), k and v written into the caches
     kc [n_ctx, n_kv, hd] / vc [n_ctx, n_kv, hdv] at pos (in place), then attention over
     positions 0..pos -> [n_head * hdv]. q and k are scratch (rotated in place)."""
-    f32 = lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
-    return _cpu.attn_decode(f32(q), f32(k), f32(v), kc, vc, int(pos), int(n_head), f32(cos), f32(sin),
-                            int(rope_dim), bool(neox), f32(q_norm), f32(k_norm), float(eps), float(scale))
+    return _cpu.attn_decode(_f32(q), _f32(k), _f32(v), kc, vc, int(pos), int(n_head), _f32(cos), _f32(sin),
+                            int(rope_dim), bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale))
+
+
+def ggml_operand(w) -> tuple[np.ndarray, int]:
+    """A weight matrix as the fused decode kernels take it: (raw rows uint8 [rows, row_bytes],
+    GGUF type) from a QWeight or an f32 torch tensor [rows, k]."""
+    if hasattr(w, "qtype"):
+        return _as_bytes(w.raw), int(w.qtype)
+    return _as_bytes(w.detach().numpy()), 0  # GGML type F32
+
+
+def decode_attn_block(x: np.ndarray, norm_w: np.ndarray, norm_eps: float, wq, wk, wv, wo, bq, bk, bv,
+                      kc: np.ndarray, vc: np.ndarray, pos: int, n_head: int, cos: np.ndarray, sin: np.ndarray,
+                      rope_dim: int, neox: bool, q_norm, k_norm, eps: float, scale: float) -> np.ndarray:
+    """x [H] + Wo . attention(rms_norm(x)) for one decode token (attn_decode's steps after
+    the q/k/v projections, biases optional); w*: ggml_operand pairs -> [H]."""
+    return _cpu.decode_attn_block(_f32(x), _f32(norm_w), float(norm_eps), wq, wk, wv, wo, _f32(bq), _f32(bk),
+                                  _f32(bv), kc, vc, int(pos), int(n_head), _f32(cos), _f32(sin), int(rope_dim),
+                                  bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale))
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x * rsqrt(mean(x^2) + eps) * w over the last axis, rounded as ggml does (float
+    squares summed in double); the fused decode blocks use the same function."""
+    return _cpu.rms_norm(_f32(x), _f32(w), float(eps))
+
+
+def route(logits: np.ndarray, k: int, sigmoid: bool, norm_topk: bool, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits [T, E] -> (ids int32, weights f32) [T, k]: softmax (or sigmoid)
+    probabilities, the k largest by probability descending (ties: lower id first),
+    optionally renormalised over the k and scaled."""
+    return _cpu.route(_f32(logits), int(k), bool(sigmoid), bool(norm_topk), float(scale))
+
+
+def decode_moe_block(h: np.ndarray, norm_w: np.ndarray, eps: float, router, k: int, sigmoid: bool,
+                     norm_topk: bool, scale: float, fixed: int, ab: float, theta: float, r_min: int, r_max: int,
+                     gate_q, up_q, down_q, gate_r=None, up_r=None, down4=None):
+    """h [H] + the routed residual-split experts of rms_norm(h) for one decode token.
+    fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(leading run of ab * w_j >
+    theta, r_min, min(r_max, k)). router: a ggml_operand pair [E, H].
+    -> (out [H], ids [k] int32, weights [k], r)."""
+    return _cpu.decode_moe_block(_f32(h), _f32(norm_w), float(eps), router, int(k), bool(sigmoid), bool(norm_topk),
+                                 float(scale), int(fixed), float(ab), float(theta), int(r_min), int(r_max),
+                                 gate_q, up_q, down_q, gate_r, up_r, down4)
 
 
 # ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----

@@ -8,6 +8,7 @@
 
 #include "attn.h"
 #include "convert.h"
+#include "decode.h"
 #include "ggml_kernels.h"
 #include "isa.h"
 #include "membench.h"
@@ -76,6 +77,38 @@ std::pair<size_t, size_t> resplit_check(const U8Array& w, rmoe::resplit::Fmt f, 
     throw py::value_error(std::string(what) + ": expected [E, rows, row_bytes] uint8 for rows of " + std::to_string(n));
   return {(size_t)w.shape(0), (size_t)w.shape(1)};
 }
+
+// The six expert tensors of a residual-split layer, checked against each other and H;
+// the residual ones (None allowed when no slot is critical) are kept alive here.
+struct MoeArgs {
+  rmoe::resplit::MoeWeights mw{};
+  U8Array gr, ur, d4;
+  MoeArgs(const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q, const py::object& gate_r,
+          const py::object& up_r, const py::object& down4, size_t H, bool any_crit, const std::string& fn) {
+    using rmoe::resplit::Fmt;
+    if (gate_q.ndim() != 3) throw py::value_error(fn + ": gate_q [E, F, row_bytes]");
+    const size_t E = gate_q.shape(0), F = gate_q.shape(1);
+    auto chk = [&](const U8Array& a, Fmt f, size_t rows, size_t n, const char* what) {
+      const auto [e, r] = resplit_check(a, f, n, what);
+      if (e != E || r != rows) throw py::value_error(std::string(what) + ": shape does not match gate_q");
+    };
+    chk(gate_q, Fmt::WQ, F, H, "gate_q");
+    chk(up_q, Fmt::WQ, F, H, "up_q");
+    chk(down_q, Fmt::WQ, H, F, "down_q");
+    if (any_crit) {
+      if (gate_r.is_none() || up_r.is_none() || down4.is_none())
+        throw py::value_error(fn + ": critical slots need gate_r, up_r and down4");
+      gr = gate_r.cast<U8Array>();
+      ur = up_r.cast<U8Array>();
+      d4 = down4.cast<U8Array>();
+      chk(gr, Fmt::WR, F, H, "gate_r");
+      chk(ur, Fmt::WR, F, H, "up_r");
+      chk(d4, Fmt::D4, H, F, "down4");
+    }
+    mw = {E, H, F, gate_q.data(), up_q.data(), down_q.data(), any_crit ? gr.data() : nullptr,
+          any_crit ? ur.data() : nullptr, any_crit ? d4.data() : nullptr};
+  }
+};
 
 void def_resplit(py::module_& m) {
   m.def("resplit_row_bytes", [](const std::string& fmt, size_t n) { return rmoe::resplit::row_bytes(resplit_fmt(fmt), n); });
@@ -156,37 +189,14 @@ void def_resplit(py::module_& m) {
         weights.shape(0) != x.shape(0) || weights.shape(1) != ids.shape(1) || ncrit.shape(0) != x.shape(0))
       throw py::value_error("resplit_moe_forward: x [T,H], ids [T,k], weights [T,k], ncrit [T]");
     const size_t T = x.shape(0), H = x.shape(1), k = ids.shape(1);
-    if (gate_q.ndim() != 3) throw py::value_error("resplit_moe_forward: gate_q [E, F, row_bytes]");
-    const size_t E = gate_q.shape(0), F = gate_q.shape(1);
-    using rmoe::resplit::Fmt;
-    auto chk = [&](const U8Array& a, Fmt f, size_t rows, size_t n, const char* what) {
-      const auto [e, r] = resplit_check(a, f, n, what);
-      if (e != E || r != rows) throw py::value_error(std::string(what) + ": shape does not match gate_q");
-    };
-    chk(gate_q, Fmt::WQ, F, H, "gate_q");
-    chk(up_q, Fmt::WQ, F, H, "up_q");
-    chk(down_q, Fmt::WQ, H, F, "down_q");
     bool any_crit = false;
     for (size_t t = 0; t < T; ++t) {
       if (ncrit.data()[t] < 0 || (size_t)ncrit.data()[t] > k) throw py::value_error("resplit_moe_forward: ncrit out of [0, k]");
       any_crit |= ncrit.data()[t] > 0;
     }
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, any_crit, "resplit_moe_forward");
     for (size_t i = 0; i < T * k; ++i)
-      if (ids.data()[i] < 0 || (size_t)ids.data()[i] >= E) throw py::value_error("resplit_moe_forward: expert id out of range");
-    U8Array gr, ur, d4;
-    if (any_crit) {
-      if (gate_r.is_none() || up_r.is_none() || down4.is_none())
-        throw py::value_error("resplit_moe_forward: critical slots need gate_r, up_r and down4");
-      gr = gate_r.cast<U8Array>();
-      ur = up_r.cast<U8Array>();
-      d4 = down4.cast<U8Array>();
-      chk(gr, Fmt::WR, F, H, "gate_r");
-      chk(ur, Fmt::WR, F, H, "up_r");
-      chk(d4, Fmt::D4, H, F, "down4");
-    }
-    rmoe::resplit::MoeWeights mw{E, H, F, gate_q.data(), up_q.data(), down_q.data(),
-                                 any_crit ? gr.data() : nullptr, any_crit ? ur.data() : nullptr,
-                                 any_crit ? d4.data() : nullptr};
+      if (ids.data()[i] < 0 || (size_t)ids.data()[i] >= M.mw.E) throw py::value_error("resplit_moe_forward: expert id out of range");
     F32Array out({(py::ssize_t)T, (py::ssize_t)H});
     const float* xp = x.data();
     const int32_t* ip = ids.data();
@@ -195,7 +205,7 @@ void def_resplit(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release nogil;
-      rmoe::resplit::moe_forward(mw, xp, T, k, ip, wp, cp, op);
+      rmoe::resplit::moe_forward(M.mw, xp, T, k, ip, wp, cp, op);
     }
     return out;
   }, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("ncrit"), py::arg("gate_q"), py::arg("up_q"),
@@ -205,14 +215,14 @@ void def_resplit(py::module_& m) {
 
 }  // namespace
 
-// ---- decode attention (csrc/cpu/attn.h) ----
+// ---- decode attention and the fused decode block halves (csrc/cpu/attn.h, decode.h) ----
 namespace {
 
 // A float32 C-contiguous writable array, used in place (never a converted copy).
 float* inplace_f32(const py::array& a, size_t ndim, const char* what) {
   if (!py::isinstance<py::array_t<float>>(a) || !(a.flags() & py::array::c_style) || !a.writeable() ||
       (size_t)a.ndim() != ndim)
-    throw py::value_error(std::string("attn_decode: ") + what + " must be a writable C-contiguous float32 array of " +
+    throw py::value_error(std::string("attention: ") + what + " must be a writable C-contiguous float32 array of " +
                           std::to_string(ndim) + " dims");
   return static_cast<float*>(const_cast<void*>(a.data()));
 }
@@ -221,39 +231,153 @@ float* inplace_f32(const py::array& a, size_t ndim, const char* what) {
 const float* opt_f32(const py::object& o, size_t n, const char* what, F32Array& keep) {
   if (o.is_none()) return nullptr;
   keep = o.cast<F32Array>();
-  if ((size_t)keep.size() != n) throw py::value_error(std::string("attn_decode: ") + what + " has the wrong size");
+  if ((size_t)keep.size() != n) throw py::value_error(std::string("attention: ") + what + " has the wrong size");
   return keep.data();
 }
 
+// Heads, RoPE, norms and the caches of one decode step, checked (q, k, v sizes by the caller).
+struct AttnArgs {
+  rmoe::AttnDecode a{};
+  float *kc = nullptr, *vc = nullptr;
+  size_t pos = 0;
+  F32Array cos, sin, qn, kn;
+  AttnArgs(const py::array& kca, const py::array& vca, size_t pos_, size_t n_head, const F32Array& cos_,
+           const F32Array& sin_, size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm,
+           float eps, float scale)
+      : pos(pos_), cos(cos_), sin(sin_) {
+    kc = inplace_f32(kca, 3, "k cache");
+    vc = inplace_f32(vca, 3, "v cache");
+    const size_t nkv = (size_t)kca.shape(1), hd = (size_t)kca.shape(2), hdv = (size_t)vca.shape(2);
+    if (n_head == 0 || nkv == 0 || n_head % nkv || (size_t)vca.shape(1) != nkv || pos >= (size_t)kca.shape(0) ||
+        pos >= (size_t)vca.shape(0) || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
+        (size_t)sin.size() < rope_dim / 2)
+      throw py::value_error("attention: shapes do not agree");
+    a = {n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(), opt_f32(q_norm, hd, "q_norm", qn),
+         opt_f32(k_norm, hd, "k_norm", kn), eps, scale};
+  }
+};
+
+// (raw rows [rows, rb] uint8, GGUF type) with k weights a row.
+rmoe::GgmlMat ggml_mat(const py::tuple& t, size_t k, const char* what) {
+  if (t.size() != 2 || !py::isinstance<py::array_t<uint8_t>>(t[0]) ||
+      !(t[0].cast<py::array>().flags() & py::array::c_style))
+    throw py::value_error(std::string(what) + ": expected (uint8 C-contiguous rows, GGUF type)");
+  const auto w = t[0].cast<U8Array>();  // the caller's array itself (no converted copy): the tuple keeps it alive
+  const int type = t[1].cast<int>();
+  if (w.ndim() != 2 || rmoe::ggml::row_bytes(type, k) != (size_t)w.shape(1) || w.shape(1) == 0)
+    throw py::value_error(std::string(what) + ": rows are not " + std::to_string(k) + " weights of this type");
+  return {type, w.data(), (size_t)w.shape(0), (size_t)w.shape(1), k};
+}
+
 void def_attn(py::module_& m) {
+#define RMOE_ATTN_ARGS                                                                                             \
+  py::arg("kc"), py::arg("vc"), py::arg("pos"), py::arg("n_head"), py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), \
+      py::arg("neox"), py::arg("q_norm"), py::arg("k_norm"), py::arg("eps"), py::arg("scale")
   m.def("attn_decode", [](F32Array q, F32Array k, const F32Array& v, const py::array& kc, const py::array& vc, size_t pos,
                           size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim, bool neox,
                           const py::object& q_norm, const py::object& k_norm, float eps, float scale) {
-    float* kcp = inplace_f32(kc, 3, "k cache");
-    float* vcp = inplace_f32(vc, 3, "v cache");
-    const size_t nkv = (size_t)kc.shape(1), hd = (size_t)kc.shape(2), hdv = (size_t)vc.shape(2);
-    if (n_head == 0 || nkv == 0 || n_head % nkv || (size_t)vc.shape(1) != nkv || pos >= (size_t)kc.shape(0) ||
-        pos >= (size_t)vc.shape(0) || (size_t)q.size() != n_head * hd || (size_t)k.size() != nkv * hd ||
-        (size_t)v.size() != nkv * hdv || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
-        (size_t)sin.size() < rope_dim / 2)
-      throw py::value_error("attn_decode: shapes do not agree");
-    F32Array qn, kn;
-    rmoe::AttnDecode a{n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(),
-                       opt_f32(q_norm, hd, "q_norm", qn), opt_f32(k_norm, hd, "k_norm", kn), eps, scale};
-    F32Array out((py::ssize_t)(n_head * hdv));
+    const AttnArgs A(kc, vc, pos, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, eps, scale);
+    if ((size_t)q.size() != n_head * A.a.head_dim || (size_t)k.size() != A.a.n_head_kv * A.a.head_dim ||
+        (size_t)v.size() != A.a.n_head_kv * A.a.head_dim_v)
+      throw py::value_error("attention: shapes do not agree");
+    F32Array out((py::ssize_t)(n_head * A.a.head_dim_v));
     float* qp = q.mutable_data();
     float* kp = k.mutable_data();
     const float* vp = v.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release nogil;
-      rmoe::attn_decode(a, qp, kp, vp, kcp, vcp, pos, op);
+      rmoe::attn_decode(A.a, qp, kp, vp, A.kc, A.vc, A.pos, op);
     }
     return out;
-  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kc"), py::arg("vc"), py::arg("pos"), py::arg("n_head"),
-     py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), py::arg("neox"), py::arg("q_norm"), py::arg("k_norm"),
-     py::arg("eps"), py::arg("scale"),
+  }, py::arg("q"), py::arg("k"), py::arg("v"), RMOE_ATTN_ARGS,
      "one decode token of GQA attention: q/k head norms, RoPE, K/V into the cache at pos, attention -> [n_head*hdv]");
+
+  m.def("decode_attn_block", [](const F32Array& x, const F32Array& norm_w, float norm_eps, const py::tuple& wq,
+                                const py::tuple& wk, const py::tuple& wv, const py::tuple& wo, const py::object& bq,
+                                const py::object& bk, const py::object& bv, const py::array& kc, const py::array& vc,
+                                size_t pos, size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim,
+                                bool neox, const py::object& q_norm, const py::object& k_norm, float eps, float scale) {
+    const AttnArgs A(kc, vc, pos, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, eps, scale);
+    const size_t H = (size_t)x.size(), hd = A.a.head_dim, hdv = A.a.head_dim_v, nkv = A.a.n_head_kv;
+    if ((size_t)norm_w.size() != H) throw py::value_error("decode_attn_block: norm weight size");
+    const auto Q = ggml_mat(wq, H, "wq"), K = ggml_mat(wk, H, "wk"), V = ggml_mat(wv, H, "wv");
+    const auto O = ggml_mat(wo, n_head * hdv, "wo");
+    if (Q.rows != n_head * hd || K.rows != nkv * hd || V.rows != nkv * hdv || O.rows != H)
+      throw py::value_error("decode_attn_block: projection shapes do not agree with the heads");
+    F32Array kb, qb, vb;
+    const float* bqp = opt_f32(bq, Q.rows, "q bias", qb);
+    const float* bkp = opt_f32(bk, K.rows, "k bias", kb);
+    const float* bvp = opt_f32(bv, V.rows, "v bias", vb);
+    F32Array out((py::ssize_t)H);
+    const float* xp = x.data();
+    const float* nw = norm_w.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      rmoe::decode_attn_block(xp, H, nw, norm_eps, Q, K, V, O, bqp, bkp, bvp, A.a, A.kc, A.vc, A.pos, op);
+    }
+    return out;
+  }, py::arg("x"), py::arg("norm_w"), py::arg("norm_eps"), py::arg("wq"), py::arg("wk"), py::arg("wv"), py::arg("wo"),
+     py::arg("bq"), py::arg("bk"), py::arg("bv"), RMOE_ATTN_ARGS,
+     "x + Wo.attention(rms_norm(x)) for one decode token; K/V into the caches at pos -> [H]");
+#undef RMOE_ATTN_ARGS
+
+  m.def("rms_norm", [](const F32Array& x, const F32Array& w, float eps) {
+    if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(x.ndim() - 1) || w.shape(0) == 0)
+      throw py::value_error("rms_norm: x [..., n], w [n]");
+    F32Array out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+    const size_t n = (size_t)w.shape(0), rows = (size_t)x.size() / n;
+    const float* xp = x.data();
+    const float* wp = w.data();
+    float* op = out.mutable_data();
+    py::gil_scoped_release nogil;
+    for (size_t r = 0; r < rows; ++r) rmoe::rms_norm_row(xp + r * n, n, wp, eps, op + r * n);
+    return out;
+  }, py::arg("x"), py::arg("w"), py::arg("eps"), "x * rsqrt(mean(x^2) + eps) * w over the last axis (as ggml)");
+
+  m.def("route", [](const F32Array& logits, size_t k, bool sigmoid, bool norm_topk, float scale) {
+    if (logits.ndim() != 2 || k == 0 || k > (size_t)logits.shape(1)) throw py::value_error("route: logits [T, E], 0 < k <= E");
+    const size_t T = logits.shape(0), E = logits.shape(1);
+    I32Array ids({(py::ssize_t)T, (py::ssize_t)k});
+    F32Array w({(py::ssize_t)T, (py::ssize_t)k});
+    const rmoe::RouteSpec rs{E, k, sigmoid, norm_topk, scale};
+    rmoe::route_rows(logits.data(), T, rs, ids.mutable_data(), w.mutable_data());
+    return py::make_tuple(ids, w);
+  }, py::arg("logits"), py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("scale"),
+     "router probabilities -> (ids, weights) [T, k], by probability descending (ties: lower id first)");
+
+  m.def("decode_moe_block", [](const F32Array& h, const F32Array& norm_w, float eps, const py::tuple& router, size_t k,
+                               bool sigmoid, bool norm_topk, float scale, int fixed, double ab, double theta, int r_min,
+                               int r_max, const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
+                               const py::object& gate_r, const py::object& up_r, const py::object& down4) {
+    const size_t H = (size_t)h.size();
+    if ((size_t)norm_w.size() != H) throw py::value_error("decode_moe_block: norm weight size");
+    const bool may_crit = fixed > 0 || (fixed < 0 && r_max > 0);
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, may_crit, "decode_moe_block");
+    const auto R = ggml_mat(router, H, "router");
+    if (R.rows != M.mw.E || k == 0 || k > M.mw.E) throw py::value_error("decode_moe_block: router rows must be the experts, 0 < k <= E");
+    if (fixed < 0 && (r_min < 0 || r_min > r_max)) throw py::value_error("decode_moe_block: need 0 <= r_min <= r_max");
+    const rmoe::RouteSpec rs{M.mw.E, k, sigmoid, norm_topk, scale};
+    const rmoe::CritPolicy pol{fixed, ab, theta, r_min, r_max};
+    F32Array out((py::ssize_t)H), w((py::ssize_t)k);
+    I32Array ids((py::ssize_t)k);
+    const float* hp = h.data();
+    const float* nw = norm_w.data();
+    float* op = out.mutable_data();
+    int32_t* ip = ids.mutable_data();
+    float* wp = w.mutable_data();
+    int r;
+    {
+      py::gil_scoped_release nogil;
+      r = rmoe::decode_moe_block(hp, H, nw, eps, R, rs, pol, M.mw, op, ip, wp);
+    }
+    return py::make_tuple(out, ids, w, r);
+  }, py::arg("h"), py::arg("norm_w"), py::arg("eps"), py::arg("router"), py::arg("k"), py::arg("sigmoid"),
+     py::arg("norm_topk"), py::arg("scale"), py::arg("fixed"), py::arg("ab"), py::arg("theta"), py::arg("r_min"),
+     py::arg("r_max"), py::arg("gate_q"), py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(),
+     py::arg("up_r") = py::none(), py::arg("down4") = py::none(),
+     "h + routed residual-split experts of rms_norm(h) for one decode token -> (out [H], ids [k], w [k], r)");
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ class Attention:
         self.bk = opt(p + "attn_k.bias", nkv * hd)
         self.bv = opt(p + "attn_v.bias", nkv * hdv)
         self.qk_norm = qk_norm
-        self.q_norm_np = self.k_norm_np = None  # per-head norms for the decode kernel
+        self._ops = None  # the projections as decode_block passes them (built on first use)
+        self.q_norm_np = self.k_norm_np = None  # per-head norms for decode_block
         if qk_norm == "head":
             self.q_norm = W.get(p + "attn_q_norm.weight", hd)
             self.k_norm = W.get(p + "attn_k_norm.weight", hd)
@@ -48,16 +49,6 @@ class Attention:
         q = linear(x, self.wq, self.bq)  # [T, nh*hd]
         k = linear(x, self.wk, self.bk)  # [T, nkv*hd]
         v = linear(x, self.wv, self.bv)  # [T, nkv*hdv]
-        if T == 1 and self.qk_norm != "full" and self.rope.dim <= cfg.head_dim:
-            # decode: norms, RoPE, cache write and attention in one kernel call
-            from .. import kernels
-
-            pos = pos0
-            o = kernels.attn_decode(
-                q.numpy(), k.numpy(), v.numpy(), cache.k[self.il].numpy(), cache.v[self.il].numpy(), pos,
-                cfg.n_head, self.rope.cos[pos].numpy(), self.rope.sin[pos].numpy(), self.rope.dim,
-                self.rope.style == "neox", self.q_norm_np, self.k_norm_np, cfg.rms_eps, self.scale)
-            return linear(torch.from_numpy(o).view(1, -1), self.wo)
         if self.qk_norm == "full":
             q = rms_norm(q, self.q_norm, cfg.rms_eps)
             k = rms_norm(k, self.k_norm, cfg.rms_eps)
@@ -73,6 +64,24 @@ class Attention:
         o = attend(q, kc[:pos0 + T], vc[:pos0 + T], pos0, self.scale)  # [T, nh*hdv]
         return linear(o, self.wo)
 
+    def fusable(self) -> bool:
+        """decode_block covers this layer (per-head or no q/k norms)."""
+        return self.qk_norm != "full" and self.rope.dim <= self.cfg.head_dim
+
+    def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: KVCache) -> torch.Tensor:
+        """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the K/V cache written at pos)."""
+        if self._ops is None:
+            self._ops = (*(kernels.ggml_operand(w) for w in (self.wq, self.wk, self.wv, self.wo)),
+                         *(None if b is None else b.numpy() for b in (self.bq, self.bk, self.bv)))
+        cfg = self.cfg
+        out = kernels.decode_attn_block(
+            x.numpy().reshape(-1), norm_w.numpy(), eps, *self._ops,
+            cache.k[self.il].numpy(), cache.v[self.il].numpy(), pos, cfg.n_head, self.rope.cos[pos].numpy(),
+            self.rope.sin[pos].numpy(), self.rope.dim, self.rope.style == "neox", self.q_norm_np, self.k_norm_np,
+            cfg.rms_eps, self.scale)
+        return torch.from_numpy(out).view(1, -1)
+
+
 
 class Block:
     """Pre-norm residual block: x + attn(norm(x)); h + ffn(norm(h))."""
@@ -85,7 +94,12 @@ class Block:
         self.attn, self.ffn = attn, ffn
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
-        h = x + self.attn(rms_norm(x, self.attn_norm, self.eps), pos0, cache)
+        if x.shape[0] == 1 and getattr(self.attn, "fusable", lambda: False)():  # decode: each half in one call
+            h = self.attn.decode_block(x, self.attn_norm, self.eps, pos0, cache)
+        else:
+            h = x + self.attn(rms_norm(x, self.attn_norm, self.eps), pos0, cache)
+        if x.shape[0] == 1 and getattr(self.ffn, "fusable", lambda: False)():
+            return self.ffn.decode_block(h, self.ffn_norm, self.eps)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.eps))
 
 

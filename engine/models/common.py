@@ -12,8 +12,13 @@ from ..config import ModelConfig
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    # [.., D] -> [.., D]: x * rsqrt(mean(x^2) + eps) * w, one fused op
-    return F.rms_norm(x, (x.shape[-1],), w, eps)
+    # [.., D] -> [.., D]: x * rsqrt(mean(x^2) + eps) * w, rounded as ggml (and the fused
+    # decode kernels) do
+    if w is None or x.dtype != torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    from .. import kernels
+
+    return torch.from_numpy(kernels.rms_norm(x.detach().numpy(), w.detach().numpy(), eps))
 
 
 @dataclass(frozen=True)

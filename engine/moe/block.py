@@ -2,10 +2,14 @@
 one switch layer, optional shared expert."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from .. import kernels
 from ..models.common import linear, swiglu_ffn
+from .resplit import FixedCritical, ResplitExperts
 from .router import RouterSpec, route
+from .umia import UmiaPolicy
 
 
 class SharedExpert:
@@ -28,6 +32,7 @@ class MoEFFN:
         self.router_w, self.experts, self.spec = router_w, experts, spec  # router_w [E, H]
         self.bias, self.shared = bias, shared
         self.last_ids: torch.Tensor | None = None
+        self._router_op = None  # router_w as decode_block passes it (built on first use)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x [T, H] -> [T, H]
@@ -37,3 +42,30 @@ class MoEFFN:
         if self.shared is not None:
             out = out + self.shared(x)
         return out
+
+    def fusable(self) -> bool:
+        """decode_block covers this layer: residual-split experts under a fixed or UMIA
+        policy, a plain top-k router, no shared expert."""
+        e = self.experts
+        return (type(e) is ResplitExperts and isinstance(e.policy, (FixedCritical, UmiaPolicy))
+                and self.bias is None and self.spec.n_groups <= 1 and self.shared is None)
+
+    def decode_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float) -> torch.Tensor:
+        """h [1, H] -> h + self(rms_norm(h)) in one kernel call (routing and policy included)."""
+        e, spec = self.experts, self.spec
+        if self._router_op is None:
+            self._router_op = kernels.ggml_operand(self.router_w)
+        pol = e.policy
+        if isinstance(pol, FixedCritical):
+            fixed, ab, theta, r_min, r_max = pol.r, 0.0, 0.0, 0, 0
+        else:
+            p = pol.profile
+            prefill = pol.phase == "prefill"
+            ab = p.alpha[min(e.layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
+            fixed, theta, r_min, r_max = -1, p.theta, p.r_min, min(p.r_max, pol.k)
+        out, ids, w, r = kernels.decode_moe_block(
+            h.numpy().reshape(-1), norm_w.numpy(), eps, self._router_op, spec.k, spec.sigmoid, spec.norm_topk,
+            spec.scale, fixed, ab, theta, r_min, r_max, e.gate_q, e.up_q, e.down_q, e.gate_r, e.up_r, e.down4)
+        e.last_r = np.array([r], np.int32)
+        self.last_ids = torch.from_numpy(ids).long().view(1, -1)
+        return torch.from_numpy(out).view(1, -1)

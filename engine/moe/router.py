@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
+
 from ..config import GATING_SIGMOID, ModelConfig
 
 
@@ -26,7 +28,11 @@ class RouterSpec:
 
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
     """logits [T, E] -> (ids [T, k] int64 sorted by selection score, weights [T, k] f32).
-    The selection adds the bias (exp_probs_b); the weights use unbiased probabilities."""
+    The selection adds the bias (exp_probs_b); the weights use unbiased probabilities.
+    Without bias or groups this is the kernel the fused decode uses (ties: lower id first)."""
+    if bias is None and spec.n_groups <= 1:
+        ids, w = kernels.route(logits.detach().numpy(), spec.k, spec.sigmoid, spec.norm_topk, spec.scale)
+        return torch.from_numpy(ids).long(), torch.from_numpy(w)
     probs = torch.sigmoid(logits) if spec.sigmoid else torch.softmax(logits, dim=-1)  # [T, E]
     sel = probs + bias if bias is not None else probs
     if spec.n_groups > 1:

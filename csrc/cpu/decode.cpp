@@ -1,0 +1,94 @@
+#include "decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ggml_kernels.h"
+
+namespace rmoe {
+
+// As ggml_rms_norm then ggml_mul: float squares summed in double, a float scale.
+void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out) {
+  double ss = 0.0;
+  for (size_t i = 0; i < n; ++i) ss += (double)(x[i] * x[i]);
+  const float r = 1.0f / std::sqrt((float)(ss / (double)n) + eps);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+namespace {
+void matvec(const GgmlMat& m, const float* x, float* y) { ggml::matmul(m.type, m.w, m.rows, m.rb, m.k, x, 1, y); }
+}  // namespace
+
+void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps, const GgmlMat& wq, const GgmlMat& wk,
+                       const GgmlMat& wv, const GgmlMat& wo, const float* bq, const float* bk, const float* bv,
+                       const AttnDecode& a, float* kc, float* vc, size_t pos, float* out) {
+  std::vector<float> xn(H), q(wq.rows), k(wk.rows), v(wv.rows), o(a.n_head * a.head_dim_v), y(wo.rows);
+  rms_norm_row(x, H, norm_w, eps, xn.data());
+  matvec(wq, xn.data(), q.data());
+  matvec(wk, xn.data(), k.data());
+  matvec(wv, xn.data(), v.data());
+  auto add = [](std::vector<float>& t, const float* b) {
+    if (b)
+      for (size_t i = 0; i < t.size(); ++i) t[i] += b[i];
+  };
+  add(q, bq);
+  add(k, bk);
+  add(v, bv);
+  attn_decode(a, q.data(), k.data(), v.data(), kc, vc, pos, o.data());
+  matvec(wo, o.data(), y.data());
+  for (size_t i = 0; i < H; ++i) out[i] = x[i] + y[i];
+}
+
+void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids, float* w) {
+  const size_t E = rs.E, k = rs.k;
+  std::vector<float> p(E);
+  std::vector<int32_t> order(E);
+  for (size_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    if (rs.sigmoid) {
+      for (size_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-l[e]));
+    } else {
+      const float mx = *std::max_element(l, l + E);
+      float sum = 0.f;
+      for (size_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
+      for (size_t e = 0; e < E; ++e) p[e] /= sum;
+    }
+    for (size_t e = 0; e < E; ++e) order[e] = (int32_t)e;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float* wt = w + t * k;
+    float sum = 0.f;
+    for (size_t j = 0; j < k; ++j) {
+      ids[t * k + j] = order[j];
+      sum += (wt[j] = p[order[j]]);
+    }
+    if (rs.norm_topk)
+      for (size_t j = 0; j < k; ++j) wt[j] /= std::max(sum, 6.103515625e-5f);
+    if (rs.scale != 0.f && rs.scale != 1.f)
+      for (size_t j = 0; j < k; ++j) wt[j] *= rs.scale;
+  }
+}
+
+int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, const GgmlMat& router,
+                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, float* out,
+                     int32_t* ids, float* w) {
+  std::vector<float> xn(H), logits(rs.E), y(H);
+  rms_norm_row(h, H, norm_w, eps, xn.data());
+  matvec(router, xn.data(), logits.data());
+  route_rows(logits.data(), 1, rs, ids, w);
+  const int k = (int)rs.k;
+  int r;
+  if (pol.fixed >= 0) {
+    r = std::min(pol.fixed, k);
+  } else {
+    int lead = 0;
+    while (lead < k && pol.ab * (double)w[lead] > pol.theta) ++lead;
+    r = std::max(pol.r_min, std::min(lead, std::min(pol.r_max, k)));
+  }
+  resplit::moe_forward(mw, xn.data(), 1, rs.k, ids, w, &r, y.data());
+  for (size_t i = 0; i < H; ++i) out[i] = h[i] + y[i];
+  return r;
+}
+
+}  // namespace rmoe

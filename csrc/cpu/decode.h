@@ -1,0 +1,51 @@
+// A decode token's transformer block halves in one call each (no Python between the
+// steps): the attention half x + Wo.attn(norm(x)) and the routed-expert half
+// h + moe(norm(h)) of the residual split. Math and order as engine/models/base.py,
+// engine/moe/router.py and engine/moe/umia.py.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "attn.h"
+#include "resplit.h"
+
+namespace rmoe {
+
+struct GgmlMat {  // rows x k weights of a GGUF type, raw rows of rb bytes
+  int type;
+  const uint8_t* w;
+  size_t rows, rb, k;
+};
+
+// out = x * rsqrt(mean(x^2) + eps) * w
+void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out);
+
+// out [H] = x + Wo . attention(q, k, v of rms_norm(x)); a describes heads, RoPE and
+// norms (its cos/sin are the position's); biases may be null.
+void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps, const GgmlMat& wq, const GgmlMat& wk,
+                       const GgmlMat& wv, const GgmlMat& wo, const float* bq, const float* bk, const float* bv,
+                       const AttnDecode& a, float* kc, float* vc, size_t pos, float* out);
+
+struct RouteSpec {
+  size_t E, k;
+  bool sigmoid;    // else softmax
+  bool norm_topk;  // weights / sum (at least 2^-14)
+  float scale;     // applied when not 0 or 1
+};
+// logits [T, E] -> ids, w [T, k]: the k most probable experts, by probability
+// descending (ties: the lower id first), and their weights.
+void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids, float* w);
+
+struct CritPolicy {
+  int fixed;      // >= 0: r = min(fixed, k); < 0: UMIA, r = leading run of ab * w_j > theta
+  double ab, theta;
+  int r_min, r_max;
+};
+
+// out [H] = h + sum_j w_j expert_j(rms_norm(h)), experts in the residual-split formats
+// (mw) with the first r critical. Returns r; ids, w [k] as route_rows.
+int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, const GgmlMat& router,
+                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, float* out,
+                     int32_t* ids, float* w);
+
+}  // namespace rmoe

@@ -1,0 +1,126 @@
+"""The fused decode block halves (csrc/cpu/decode.cpp) against the Python steps they
+replace: routing (engine/moe/router.py semantics), the UMIA / fixed critical-set
+policy, the residual-split MoE layer, and the attention half with its projections."""
+import numpy as np
+import pytest
+import torch
+
+from rapidmoe.engine import kernels
+from rapidmoe.engine.models.common import Rope, attend, rms_norm
+from rapidmoe.engine.moe.umia import UmiaProfile, critical_sizes
+from test_resplit_kernels import make_layer
+
+F32 = 0  # GGML type
+
+
+def torch_route(logits, k, sigmoid, norm_topk, scale):
+    p = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+    # by probability descending, ties to the lower id (a stable sort of -p)
+    ids = torch.sort(-p, dim=-1, stable=True).indices[:, :k]
+    w = p.gather(1, ids)
+    if norm_topk:
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    if scale not in (0.0, 1.0):
+        w = w * scale
+    return ids, w
+
+
+@pytest.mark.parametrize("sigmoid,norm_topk,scale", [(False, True, 1.0), (False, False, 0.0), (True, True, 2.5)])
+def test_route_matches_torch(sigmoid, norm_topk, scale):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((9, 12)).astype(np.float32)
+    logits[3] = 0.5  # all tied: the lowest ids win, in order
+    logits[4, [2, 7, 9]] = 4.0  # a tie at the top
+    ids, w = kernels.route(logits, 5, sigmoid, norm_topk, scale)
+    tids, tw = torch_route(torch.from_numpy(logits), 5, sigmoid, norm_topk, scale)
+    np.testing.assert_array_equal(ids, tids.numpy())
+    np.testing.assert_allclose(w, tw.numpy(), rtol=1e-6, atol=1e-7)
+    assert ids[3].tolist() == [0, 1, 2, 3, 4] and ids[4, :3].tolist() == [2, 7, 9]
+    with pytest.raises(ValueError, match="k <= E"):
+        kernels.route(logits, 13, sigmoid, norm_topk, scale)
+
+
+@pytest.mark.parametrize("policy", ["fixed0", "fixed2", "fixed9", "umia"])
+def test_decode_moe_block_matches_steps(policy):
+    rng = np.random.default_rng(2)
+    E, H, F, k = 7, 96, 40, 4
+    L = make_layer(rng, E, H, F)
+    router = (rng.standard_normal((E, H)) * 0.3).astype(np.float32)
+    norm_w = (rng.random(H) + 0.5).astype(np.float32)
+    prof = UmiaProfile(alpha=(1.3, 1.1, 1.0), beta_prefill=1.25, beta_decode=1.0, theta=0.22, r_min=1, r_max=3)
+    rs = set()
+    for i in range(12):
+        h = (rng.standard_normal(H) * (0.2 + i)).astype(np.float32)
+        layer = i % 3
+        if policy == "umia":
+            fixed, ab = -1, prof.alpha[layer] * prof.beta_decode
+        else:
+            fixed, ab = int(policy[5:]), 0.0
+        out, ids, w, r = kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k,
+                                                   False, True, 1.0, fixed, ab, prof.theta, prof.r_min, prof.r_max,
+                                                   **L)
+        # the same steps in Python
+        xn = kernels.rms_norm(h[None], norm_w, 1e-6)
+        tids, tw = torch_route(torch.from_numpy(xn @ router.T), k, False, True, 1.0)
+        np.testing.assert_array_equal(ids, tids[0].numpy())
+        np.testing.assert_allclose(w, tw[0].numpy(), rtol=1e-5, atol=1e-7)
+        want_r = critical_sizes(prof, tw.numpy(), layer, False, k)[0] if fixed < 0 else min(fixed, k)
+        assert r == want_r
+        rs.add(r)
+        ref = h + kernels.resplit_moe_forward(xn, ids[None], w[None], np.array([r], np.int32), **L)[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    if policy == "umia":
+        assert len(rs) > 1  # the inputs reach more than one critical-set size
+
+
+def test_decode_moe_block_rejects_bad_input():
+    rng = np.random.default_rng(3)
+    L = make_layer(rng, 3, 64, 32)
+    h, nw = np.zeros(64, np.float32), np.ones(64, np.float32)
+    router = kernels.ggml_operand(torch.zeros(3, 64))
+    args = dict(k=2, sigmoid=False, norm_topk=True, scale=1.0, fixed=1, ab=0.0, theta=0.0, r_min=0, r_max=0)
+    with pytest.raises(ValueError, match="critical"):
+        kernels.decode_moe_block(h, nw, 1e-6, router, **args, **dict(L, gate_r=None))
+    with pytest.raises(ValueError, match="router"):
+        kernels.decode_moe_block(h, nw, 1e-6, kernels.ggml_operand(torch.zeros(4, 64)), **args, **L)
+    with pytest.raises(ValueError, match="k <= E"):
+        kernels.decode_moe_block(h, nw, 1e-6, router, **dict(args, k=4), **L)
+
+
+class Cfg:
+    rope_dim, rope_style, rope_base, rope_freq_scale = 16, "neox", 10000.0, 1.0
+
+
+@pytest.mark.parametrize("bias,norm", [(False, True), (True, False)])
+def test_decode_attn_block_matches_steps(bias, norm):
+    rng = np.random.default_rng(4)
+    H, nh, nkv, hd, pos = 48, 6, 2, 16, 9
+    mats = [torch.from_numpy((rng.standard_normal(s) * 0.2).astype(np.float32))
+            for s in ((nh * hd, H), (nkv * hd, H), (nkv * hd, H), (H, nh * hd))]
+    bs = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) if bias else None
+          for n in (nh * hd, nkv * hd, nkv * hd)]
+    qn, kn = [torch.from_numpy((rng.random(hd) + 0.5).astype(np.float32)) if norm else None for _ in range(2)]
+    norm_w = torch.from_numpy((rng.random(H) + 0.5).astype(np.float32))
+    rope = Rope(Cfg, 32)
+    kc = torch.from_numpy(rng.standard_normal((32, nkv, hd)).astype(np.float32))
+    vc = torch.from_numpy(rng.standard_normal((32, nkv, hd)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((1, H)).astype(np.float32))
+    # the Python steps (engine/models/base.py Attention for one token)
+    kr, vr = kc.clone(), vc.clone()
+    xn = rms_norm(x, norm_w, 1e-5)
+    lin = lambda m, b: xn @ m.T + (b if b is not None else 0)  # noqa: E731
+    q, k, v = lin(mats[0], bs[0]).view(1, nh, hd), lin(mats[1], bs[1]).view(1, nkv, hd), lin(mats[2], bs[2])
+    if norm:
+        q, k = rms_norm(q, qn, 1e-6), rms_norm(k, kn, 1e-6)
+    q, k = rope(q, pos), rope(k, pos)
+    kr[pos], vr[pos] = k[0], v.view(nkv, hd)
+    want = x + attend(q, kr[:pos + 1], vr[:pos + 1], pos, 0.25) @ mats[3].T
+    ops = [kernels.ggml_operand(m) for m in mats]
+    got = kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, *ops, *bs, kc.numpy(), vc.numpy(), pos, nh,
+                                    rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn, 1e-6, 0.25)
+    np.testing.assert_allclose(got, want.numpy()[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kc.numpy()[pos], kr.numpy()[pos], rtol=1e-5, atol=1e-6)  # written in place
+    with pytest.raises(ValueError, match="projection shapes"):
+        kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, ops[1], ops[1], ops[2], ops[3], *bs, kc.numpy(),
+                                  vc.numpy(), pos, nh, rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn,
+                                  1e-6, 0.25)
