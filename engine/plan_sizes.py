@@ -21,6 +21,12 @@ PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
 # metadata cost about this much per vocabulary entry.
 TOKENIZER_BYTES_PER_TOKEN = 900
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+ATTN_SCORES_BYTES = 16 << 20  # a prefill attention chunk's scores [n_head, c, S] stay about this size
+
+
+def attention_chunk(n_head: int, S: int) -> int:
+    """Queries per prefill attention chunk (engine/models/common.attend) over S keys."""
+    return max(16, min(128, ATTN_SCORES_BYTES // (4 * n_head * max(1, S))))
 
 
 def use_planned_allocator(threshold: int = 1 << 20) -> bool:
@@ -156,11 +162,11 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
 def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:
     """Peak transient memory of one forward of `chunk` prompt tokens at the end
     of a full context on the CPU engine (f32), plus the tokenizer: attention
-    scores and softmax [n_head, T, S] (2 copies), K/V repeated per head, the
-    routed experts' per-slot activations [T*k, H] (~3 copies), hidden states,
-    RoPE tables. Checked against the demo's peak RSS (tests/test_plan.py)."""
+    scores and softmax of one query chunk [n_head, c, S] (2 copies), the routed
+    experts' per-slot activations [T*k, H] (~3 copies), hidden states, RoPE
+    tables. Checked against the demo's peak RSS (tests/test_plan.py)."""
     T, S = min(chunk, n_ctx), n_ctx
-    attn = 2 * s.n_head * T * S * 4 + 2 * s.n_head * S * s.head_dim * 4
+    attn = 2 * s.n_head * min(T, attention_chunk(s.n_head, S)) * S * 4
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
     hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
     rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64

@@ -107,11 +107,13 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
         return torch.matmul(p, vh).reshape(1, -1)  # [1, H*hdv]
     # prefill: chunks of queries against the keys they can see (later keys are never
     # computed), the rep query heads of a group batched over their shared K/V head
-    # (no copy per head). A chunk's scores [H, c, S] stay within ~16 MB.
+    # (no copy per head). A chunk's scores [H, c, S] stay within ~16 MB (the plan counts them).
+    from ..plan_sizes import attention_chunk
+
     hdv = v_all.shape[-1]
     qg = q.permute(1, 0, 2).reshape(Hkv, rep, T, hd)
     out = torch.empty(T, Hkv, rep, hdv)
-    step = max(16, min(128, (16 << 20) // (4 * H * S)))
+    step = attention_chunk(H, S)
     for c0 in range(0, T, step):
         c1 = min(T, c0 + step)
         s1 = pos0 + c1  # keys visible to the chunk's last query
