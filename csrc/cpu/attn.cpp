@@ -82,7 +82,7 @@ void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, float*
         for (size_t d = 0; d < hdv; ++d) o[d] += w * vj[d];
       }
     }
-  }, std::max<size_t>(1, a.n_head * 256 / S));
+  }, std::max<size_t>(1, a.n_head * 64 / S));
 }
 
 }  // namespace rmoe

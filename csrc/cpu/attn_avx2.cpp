@@ -45,29 +45,53 @@ inline __m256 exp8(__m256 x) {
 
 void attn_head_avx2(const float* q, const float* k, const float* v, size_t ks, size_t vs, size_t hd, size_t hdv,
                     size_t S, float scale, float* p, float* out) {
-  float mx = -INFINITY;
-  for (size_t j = 0; j < S; ++j) {
-    p[j] = dot8(q, k + j * ks, hd) * scale;
-    mx = p[j] > mx ? p[j] : mx;
+  // scores, 4 keys at a time (independent FMA chains)
+  const size_t hd8 = hd / 8 * 8;
+  size_t j = 0;
+  for (; j + 4 <= S; j += 4) {
+    const float* k0 = k + j * ks;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t d = 0; d < hd8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ks + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ks + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ks + d), a3);
+    }
+    float t[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+    for (size_t d = hd8; d < hd; ++d)
+      for (int i = 0; i < 4; ++i) t[i] += q[d] * k0[i * ks + d];
+    for (int i = 0; i < 4; ++i) p[j + i] = t[i] * scale;
   }
+  for (; j < S; ++j) p[j] = dot8(q, k + j * ks, hd) * scale;
+  float mx = -INFINITY;
+  for (j = 0; j < S; ++j) mx = p[j] > mx ? p[j] : mx;
   __m256 vs8 = _mm256_setzero_ps();
   const __m256 m8 = _mm256_set1_ps(mx);
-  size_t j = 0;
-  for (; j + 8 <= S; j += 8) {
+  for (j = 0; j + 8 <= S; j += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), m8));
     _mm256_storeu_ps(p + j, e);
     vs8 = _mm256_add_ps(vs8, e);
   }
   float sum = hsum8(vs8);
   for (; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
-  for (size_t d = 0; d < hdv; ++d) out[d] = 0.f;
-  for (j = 0; j < S; ++j) {
-    const float w = p[j] / sum;
-    const float* vj = v + j * vs;
-    const __m256 w8 = _mm256_set1_ps(w);
-    size_t d = 0;
-    for (; d + 8 <= hdv; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(w8, _mm256_loadu_ps(vj + d), _mm256_loadu_ps(out + d)));
-    for (; d < hdv; ++d) out[d] += w * vj[d];
+  for (j = 0; j < S; ++j) p[j] /= sum;
+  // out = sum_j p_j v_j, 64 outputs at a time in registers
+  size_t d0 = 0;
+  for (; d0 + 64 <= hdv; d0 += 64) {
+    __m256 o[8];
+    for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
+    for (j = 0; j < S; ++j) {
+      const __m256 w8 = _mm256_set1_ps(p[j]);
+      const float* vj = v + j * vs + d0;
+      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(vj + 8 * i), o[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + d0 + 8 * i, o[i]);
+  }
+  for (; d0 < hdv; ++d0) {
+    float o = 0.f;
+    for (j = 0; j < S; ++j) o += p[j] * v[j * vs + d0];
+    out[d0] = o;
   }
 }
 
