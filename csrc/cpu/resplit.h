@@ -122,15 +122,17 @@ struct GemmJob {
 };
 void run_jobs(const GemmJob* jobs, size_t nj);
 
-// Prefill GEMM for expert groups of many tokens (resplit_i8_avx512.cpp, AVX-512 VNNI):
-// tiles of 32 rows are dequantized (Wa, plus Wb when set: WQ + WR of a critical
-// gate/up), requantized to int8 per 32 weights by the activations' rule and multiplied
-// with int8 activations 16 rows per register. Activations: prep_i8 per row, xu [nb*32]
-// bytes (x_q + 128) and sx [nb] scales, nb = ceil(n/32); gathered row r reads activation
-// row xrow[r] (identity when xrow is null) and writes y row r.
+// Prefill GEMM for expert groups of many tokens (resplit_i8.cpp): tiles of rows are
+// dequantized (Wa, plus Wb when set: WQ + WR of a critical gate/up), requantized to
+// int8 per 32 weights by the activations' rule (oracle q8_activations) and multiplied
+// with int8 activations, several rows per register (resplit_i8_avx512.cpp: VNNI, 16 rows
+// a register; resplit_i8_avx2.cpp: 16-bit products, 8 rows). Activations: prep_i8 per
+// row into i8_act_bytes(n) bytes and nb = ceil(n/32) scales; gathered row r reads
+// activation row xrow[r] (identity when xrow is null) and writes y row r.
 bool i8_gemm_available();
 constexpr size_t kI8MinTokens = 8;  // moe_forward gives groups of at least this many tokens the i8 GEMM
-void prep_i8(const float* x, size_t n, uint8_t* xu, float* sx);
+size_t i8_act_bytes(size_t n);
+void prep_i8(const float* x, size_t n, uint8_t* xq, float* sx);
 struct I8Job {
   Fmt fa;
   const uint8_t* Wa;  // [E, out_dim, row_bytes(fa, in_dim)]
@@ -142,11 +144,27 @@ struct I8Job {
   const int64_t* ntok;  // [S]
   size_t S;
   const int32_t* xrow;  // [rows] activation row per gathered row, or null
-  const uint8_t* xu;    // [*, nb*32]
+  const uint8_t* xq;    // [*, i8_act_bytes(in_dim)]
   const float* sx;      // [*, nb]
   float* y;             // [rows, out_dim]
 };
 void run_i8_jobs(const I8Job* jobs, size_t nj);
+
+// One ISA's pieces of the int8 GEMM (raw pointers only: the ISA files hold no library
+// templates). A tile is `rows` rows: pack_row requantizes row r (f: nb*32 floats, zero
+// padded) into the tile's w (tile_bytes(nb)), s and nc ([nb][rows] each); gemm gives nt
+// <= max_nt tokens' sums for the tile's first nr rows.
+struct I8Isa {
+  size_t rows, max_nt, act_bytes;  // act_bytes: bytes per activation
+  size_t (*tile_bytes)(size_t nb);
+  void (*pack_row)(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc);
+  void (*gemm)(const uint8_t* w, const float* s, const int32_t* nc, size_t nb, const uint8_t* const* xq,
+               const float* const* sx, float* const* y, size_t nt, size_t nr);
+  void (*prep)(const float* x, size_t n, uint8_t* xq, float* sx);
+};
+const I8Isa* i8_isa_avx512();  // VNNI
+const I8Isa* i8_isa_avx2();
+
 // h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
 void silu_mul(const float* g, const float* u, size_t n, float* h);
 void silu_mul_avx512(const float* g, const float* u, size_t n, float* h);

@@ -39,7 +39,7 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
     crit.insert(crit.end(), (size_t)cnt, (char)(g & 1));
   }
   const size_t N = rows.size();
-  // Groups of many tokens take the int8 GEMM where it runs (resplit_i8_avx512.cpp); the
+  // Groups of many tokens take the int8 GEMM where it runs (resplit_i8.cpp); the
   // others (all of decode) the per-row kernels, whose activations are prepared per format.
   const bool i8 = i8_gemm_available();
   std::vector<int32_t> sid, bcid, scid, bnid, snid;  // small: all, critical, non-critical; big: critical, not
@@ -63,12 +63,13 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t pq = prep_floats(Fmt::WQ, H), pr = prep_floats(Fmt::WR, H);
   const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
   const size_t nbH = (H + 31) / 32, nbF = (F + 31) / 32;
+  const size_t abH = any_big ? i8_act_bytes(H) : 0, abF = any_big ? i8_act_bytes(F) : 0;
   // Buffers are left uninitialized: every element read is written first.
   auto XQ = uninit<float>(any_small ? N * pq : 0), XR = uninit<float>(small_crit ? N * pr : 0);
   auto G = uninit<float>(N * F), U = uninit<float>(N * F), Y = uninit<float>(N * H);
   auto GR = uninit<float>(small_crit ? N * F : 0), UR = uninit<float>(small_crit ? N * F : 0);
   auto HQ = uninit<float>(any_small ? N * hq : 0), H4 = uninit<float>(small_crit ? N * h4 : 0);
-  auto XU = uninit<uint8_t>(any_big ? T * nbH * 32 : 0), HU = uninit<uint8_t>(any_big ? N * nbF * 32 : 0);
+  auto XU = uninit<uint8_t>(T * abH), HU = uninit<uint8_t>(N * abF);
   auto XS = uninit<float>(any_big ? T * nbH : 0), HS = uninit<float>(any_big ? N * nbF : 0);
   std::vector<int32_t> tok(N);
   for (size_t r = 0; r < N; ++r) tok[r] = (int32_t)(rows[r] / (int64_t)k);
@@ -79,7 +80,7 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
     for (size_t t = b; t < e; ++t) {
       if (any_small) prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
       if (small_crit) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
-      if (any_big) prep_i8(x + t * H, H, &XU[t * nbH * 32], &XS[t * nbH]);
+      if (any_big) prep_i8(x + t * H, H, &XU[t * abH], &XS[t * nbH]);
     }
   }, 4);
   for (size_t r = 0; r < N; ++r) {
@@ -102,8 +103,8 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   std::vector<I8Job> ij;
   auto i8job = [&](Fmt fa, const uint8_t* Wa, Fmt fb, const uint8_t* Wb, size_t out_dim, size_t in_dim,
                    const std::vector<int32_t>& id, const std::vector<int64_t>& off, const std::vector<int64_t>& cnt,
-                   const int32_t* xrow, const uint8_t* xu, const float* sx, float* y) {
-    if (!id.empty()) ij.push_back({fa, Wa, fb, Wb, out_dim, in_dim, id.data(), off.data(), cnt.data(), id.size(), xrow, xu, sx, y});
+                   const int32_t* xrow, const uint8_t* xq, const float* sx, float* y) {
+    if (!id.empty()) ij.push_back({fa, Wa, fb, Wb, out_dim, in_dim, id.data(), off.data(), cnt.data(), id.size(), xrow, xq, sx, y});
   };
   i8job(Fmt::WQ, w.gate_q, Fmt::WR, w.gate_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), G.get());
   i8job(Fmt::WQ, w.up_q, Fmt::WR, w.up_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), U.get());
@@ -118,7 +119,7 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
       if (crit[r] && !rbig[r])
         for (size_t i = 0; i < F; ++i) { g[i] += GR[r * F + i]; u[i] += UR[r * F + i]; }
       silu_mul(g, u, F, hrow.data());
-      if (rbig[r]) prep_i8(hrow.data(), F, &HU[r * nbF * 32], &HS[r * nbF]);
+      if (rbig[r]) prep_i8(hrow.data(), F, &HU[r * abF], &HS[r * nbF]);
       else if (crit[r]) prep_x(Fmt::D4, hrow.data(), F, &H4[r * h4]);
       else prep_x(Fmt::WQ, hrow.data(), F, &HQ[r * hq]);
     }
