@@ -124,3 +124,32 @@ def test_decode_attn_block_matches_steps(bias, norm):
         kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, ops[1], ops[1], ops[2], ops[3], *bs, kc.numpy(),
                                   vc.numpy(), pos, nh, rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn,
                                   1e-6, 0.25)
+
+
+def test_decode_attn_block_quantized_projections():
+    # q/k/v in one pass on int8 activations (Q8_0 and Q4_0 share the layout), o in Q8_0:
+    # the same numbers as one ggml_matmul per projection
+    from gguf import GGMLQuantizationType as G
+    from gguf import quants
+
+    rng = np.random.default_rng(5)
+    H, nh, nkv, hd, pos = 64, 4, 2, 16, 3
+    dense = [(rng.standard_normal(s) * 0.2).astype(np.float32)
+             for s in ((nh * hd, H), (nkv * hd, H), (nkv * hd, H), (H, nh * hd))]
+    types = (G.Q8_0, G.Q4_0, G.Q8_0, G.Q8_0)
+    ops = [(quants.quantize(d, t), int(t)) for d, t in zip(dense, types)]
+    norm_w = (rng.random(H) + 0.5).astype(np.float32)
+    rope = Rope(Cfg, 8)
+    kc = rng.standard_normal((8, nkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((8, nkv, hd)).astype(np.float32)
+    x = rng.standard_normal(H).astype(np.float32)
+    kr, vr = torch.from_numpy(kc.copy()), torch.from_numpy(vc.copy())
+    xn = kernels.rms_norm(x[None], norm_w, 1e-5)
+    q, k, v = (torch.from_numpy(kernels.ggml_matmul(w, t, xn)) for w, t in ops[:3])
+    q, k = rope(q.view(1, nh, hd), pos), rope(k.view(1, nkv, hd), pos)
+    kr[pos], vr[pos] = k[0], v.view(nkv, hd)
+    o = attend(q, kr[:pos + 1], vr[:pos + 1], pos, 0.25).numpy()
+    want = x + kernels.ggml_matmul(*ops[3], o)[0]
+    got = kernels.decode_attn_block(x, norm_w, 1e-5, *ops, None, None, None, kc, vc, pos, nh, rope.cos[pos].numpy(),
+                                    rope.sin[pos].numpy(), 16, True, None, None, 1e-6, 0.25)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

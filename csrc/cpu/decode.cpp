@@ -25,9 +25,11 @@ void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps,
                        const AttnDecode& a, float* kc, float* vc, size_t pos, float* out) {
   std::vector<float> xn(H), q(wq.rows), k(wk.rows), v(wv.rows), o(a.n_head * a.head_dim_v), y(wo.rows);
   rms_norm_row(x, H, norm_w, eps, xn.data());
-  matvec(wq, xn.data(), q.data());
-  matvec(wk, xn.data(), k.data());
-  matvec(wv, xn.data(), v.data());
+  const int types[3] = {wq.type, wk.type, wv.type};
+  const uint8_t* ws[3] = {wq.w, wk.w, wv.w};
+  const size_t rows[3] = {wq.rows, wk.rows, wv.rows}, rbs[3] = {wq.rb, wk.rb, wv.rb};
+  float* ys[3] = {q.data(), k.data(), v.data()};
+  ggml::matvec_multi(3, types, ws, rows, rbs, H, xn.data(), ys);
   auto add = [](std::vector<float>& t, const float* b) {
     if (b)
       for (size_t i = 0; i < t.size(); ++i) t[i] += b[i];

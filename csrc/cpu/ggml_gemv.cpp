@@ -191,6 +191,41 @@ void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const 
       min_blocks(k, T));
 }
 
+void matvec_multi(size_t n, const int* types, const uint8_t* const* ws, const size_t* rows, const size_t* rbs, size_t k,
+                  const float* x, float* const* ys) {
+  // One x [k] against several matrices in one parallel pass (decode's q, k and v): x is
+  // quantized once, and the small matrices share the threads' chunks with the large one.
+  std::vector<Q8Path> qp(n);
+  bool shared = n > 0;
+  for (size_t i = 0; i < n; ++i) {
+    qp[i] = q8_path(types[i], k);
+    shared = shared && qp[i].gemv && qp[i].layout == qp[0].layout;
+  }
+  if (!shared) {
+    for (size_t i = 0; i < n; ++i) matmul(types[i], ws[i], rows[i], rbs[i], k, x, 1, ys[i]);
+    return;
+  }
+  thread_local std::vector<uint8_t> qbuf;
+  size_t ldq;
+  const uint8_t* xq = quantize_rows(qp[0], x, k, 1, qbuf, &ldq);
+  std::vector<size_t> start(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    std::memset(ys[i], 0, rows[i] * sizeof(float));
+    start[i + 1] = start[i] + (rows[i] + RB - 1) / RB;
+  }
+  parallel_for(
+      start[n],
+      [&](size_t b0, size_t b1, int) {
+        size_t i = 0;
+        for (size_t b = b0; b < b1; ++b) {
+          while (b >= start[i + 1]) ++i;
+          const size_t r0 = (b - start[i]) * RB, r1 = std::min(rows[i], r0 + RB);
+          qp[i].gemv(types[i], ws[i] + r0 * rbs[i], rbs[i], k, r1 - r0, xq, ldq, 1, ys[i] + r0, rows[i]);
+        }
+      },
+      min_blocks(k, 1));
+}
+
 void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k, const int32_t* ids,
                    const float* x, size_t n, float* y) {
   // Group the rows of x by expert so each expert's weights are read once.

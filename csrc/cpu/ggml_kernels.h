@@ -20,6 +20,10 @@ void dequantize(int type, const uint8_t* src, float* dst, size_t n);
 void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k,
             const float* x, size_t T, float* y);
 
+// n matrices (their own types, rows and row bytes) against one x [k]: ys[i] = W_i x.
+void matvec_multi(size_t n, const int* types, const uint8_t* const* ws, const size_t* rows, const size_t* rbs, size_t k,
+                  const float* x, float* const* ys);
+
 // Stacked experts W [E, rows, rb]: y[j] = W[ids[j]] @ x[j] for j < n.
 // ids are checked by the caller (0 <= id < E).
 void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k,
