@@ -77,7 +77,9 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 template <int R>
 void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
   const __m512i keep = _mm512_set1_epi64(0x00F0FFFFFFFFFFFFll);
-  const __m512i lo4 = _mm512_set1_epi32(0xF), hi8 = _mm512_set1_epi32(0x7F80);
+  const __m512i hi9 = _mm512_set1_epi16((short)0xFF80);  // ternlog selector: (A & hi9) | (B & ~hi9)
+  const __m512i scale_lanes = _mm512_setr_epi32(0x00030003, 0x00070007, 0x000B000B, 0x000F000F, 0x00130013, 0x00170017,
+                                                0x001B001B, 0x001F001F, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512 inv256 = _mm512_set1_ps(1.0f / 256.0f);
   __m512 tot[R];
   for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
@@ -92,11 +94,10 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
       const uint8_t* qr = q + r * rb + 8 * b;
       _mm_prefetch(reinterpret_cast<const char*>(qr + R * rb), _MM_HINT_T0);  // these blocks of the next rows
       const __m512i raw = _mm512_maskz_loadu_epi8(lm, qr);
-      const __m512i t16 = _mm512_srli_epi32(raw, 16);
-      __m512i h = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t16, lo4), 3),
-                                  _mm512_and_si512(_mm512_srli_epi32(t16, 1), hi8));
-      h = _mm512_shuffle_epi32(h, _MM_PERM_DDBB);
-      const __m512 dq = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+      // 16-bit lane 4b+3 holds bytes 6, 7 of block b: f16 bits (b7 << 7) | ((b6 & 15) << 3)
+      // = (lane >> 1) & 0xFF80 | (lane << 3) & 0x7F, then to lanes 2b, 2b+1
+      const __m512i h = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 1), _mm512_slli_epi16(raw, 3), hi9, 0xE4);
+      const __m512 dq = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_lanes, h)));
       __m512i u = _mm512_and_si512(raw, keep), P = _mm512_setzero_si512(), Q = _mm512_setzero_si512();
       for (int i = 0; i < 5; ++i) {
         const __m512i un = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
