@@ -179,7 +179,12 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   q += 4;
   __m512 tot[NT], totm[NT];
   for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm512_setzero_ps();
+  const size_t ahead = 8 * (4 + 18 * nb);  // the same blocks 8 rows on (the next row group of a GEMV)
   for (size_t b = 0; b < nb; b += 4) {
+    if (NT == 1) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + 64 + ahead), _MM_HINT_T0);
+    }
     const D4Step s = d4_step(k, q + 18 * b, nb - b < 4 ? nb - b : 4, D, M);
     const float* g = xp + (b / 4) * 64;
     for (int t = 0; t < NT; ++t) {
