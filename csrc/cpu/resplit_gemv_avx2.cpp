@@ -76,9 +76,14 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const __m256i m4 = _mm256_set1_epi8(0xF), ones16 = _mm256_set1_epi16(1);
   __m256 tot[NT], totm[NT];
   for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm256_setzero_ps();
+  const size_t ahead = 8 * (4 + 18 * nb);  // the same blocks 8 rows on (the next row group of a GEMV)
   for (size_t b = 0; b < nb; b += 2) {
     const bool two = b + 1 < nb;
     const uint8_t* qb = q + 18 * b;
+    if (NT == 1 && b % 4 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T0);
+    }
     const __m128i v0 = _mm_loadu_si128((const __m128i*)qb);
     const __m128i v1 = two ? _mm_loadu_si128((const __m128i*)(qb + 18)) : _mm_setzero_si128();
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(v0), v1, 1);

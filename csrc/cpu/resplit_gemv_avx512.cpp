@@ -131,9 +131,14 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const __m512i m4 = _mm512_set1_epi8(0xF), ones16 = _mm512_set1_epi16(1);
   __m512 tot[NT], totm[NT];
   for (int t = 0; t < NT; ++t) tot[t] = totm[t] = _mm512_setzero_ps();
+  const size_t ahead = 8 * (4 + 18 * nb);  // the same blocks 8 rows on (the next row group of a GEMV)
   for (size_t b = 0; b < nb; b += 4) {
     const size_t nbl = nb - b < 4 ? nb - b : 4;
     const uint8_t* qb = q + 18 * b;
+    if (NT == 1) {
+      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T0);
+    }
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)qb));
     float d[4] = {D * (float)qb[16], 0.f, 0.f, 0.f}, m[4] = {M * (float)qb[17], 0.f, 0.f, 0.f};
     if (nbl > 1) { v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)(qb + 18)), 1); d[1] = D * (float)qb[34]; m[1] = M * (float)qb[35]; }
