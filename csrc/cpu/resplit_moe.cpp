@@ -13,10 +13,46 @@ namespace rmoe {
 namespace resplit {
 
 namespace {
-template <class T>
-std::unique_ptr<T[]> uninit(size_t n) {
-  return std::unique_ptr<T[]>(new T[n]);
-}
+// The layer's scratch, carved from one block. Prefill keeps the block across calls:
+// fresh mappings of tens of MB per layer cost about a quarter of prefill in page faults
+// (large blocks go back to the OS on free: plan_sizes.use_planned_allocator). A decode
+// call (one token) returns it, so the memory a prompt needed is not held while chatting.
+// Elements are left uninitialized: every element read is written first.
+class Scratch {
+ public:
+  explicit Scratch(bool keep) : keep_(keep) {
+    if (!keep) held().reset(), held_cap() = 0;
+  }
+  // Room for n elements of T; its offset in the block.
+  template <class T>
+  size_t add(size_t n) {
+    const size_t o = used_;
+    used_ += (n * sizeof(T) + 63) / 64 * 64;
+    return o;
+  }
+  // The block for everything added (64-byte aligned).
+  uint8_t* commit() {
+    std::unique_ptr<uint8_t[]>& b = keep_ ? held() : own_;
+    if (!keep_ || held_cap() < used_) {
+      b.reset(new uint8_t[used_ + 64]);
+      if (keep_) held_cap() = used_;
+    }
+    return b.get() + (64 - reinterpret_cast<uintptr_t>(b.get()) % 64) % 64;
+  }
+
+ private:
+  static std::unique_ptr<uint8_t[]>& held() {
+    thread_local std::unique_ptr<uint8_t[]> b;
+    return b;
+  }
+  static size_t& held_cap() {
+    thread_local size_t c = 0;
+    return c;
+  }
+  bool keep_;
+  size_t used_ = 0;
+  std::unique_ptr<uint8_t[]> own_;
+};
 }  // namespace
 
 void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const int32_t* ids, const float* weights,
@@ -64,18 +100,23 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
   const size_t nbH = (H + 31) / 32, nbF = (F + 31) / 32;
   const size_t abH = any_big ? i8_act_bytes(H) : 0, abF = any_big ? i8_act_bytes(F) : 0;
-  // Buffers are left uninitialized: every element read is written first.
-  auto XQ = uninit<float>(any_small ? N * pq : 0), XR = uninit<float>(small_crit ? N * pr : 0);
-  auto G = uninit<float>(N * F), U = uninit<float>(N * F), Y = uninit<float>(N * H);
-  auto GR = uninit<float>(small_crit ? N * F : 0), UR = uninit<float>(small_crit ? N * F : 0);
-  auto HQ = uninit<float>(any_small ? N * hq : 0), H4 = uninit<float>(small_crit ? N * h4 : 0);
-  auto XU = uninit<uint8_t>(T * abH), HU = uninit<uint8_t>(N * abF);
-  auto XS = uninit<float>(any_big ? T * nbH : 0), HS = uninit<float>(any_big ? N * nbF : 0);
+  Scratch scratch(T > 1);
+  const size_t oXQ = scratch.add<float>(any_small ? N * pq : 0), oXR = scratch.add<float>(small_crit ? N * pr : 0);
+  const size_t oG = scratch.add<float>(N * F), oU = scratch.add<float>(N * F), oY = scratch.add<float>(N * H);
+  const size_t oGR = scratch.add<float>(small_crit ? N * F : 0), oUR = scratch.add<float>(small_crit ? N * F : 0);
+  const size_t oHQ = scratch.add<float>(any_small ? N * hq : 0), oH4 = scratch.add<float>(small_crit ? N * h4 : 0);
+  const size_t oXS = scratch.add<float>(any_big ? T * nbH : 0), oHS = scratch.add<float>(any_big ? N * nbF : 0);
+  const size_t oTQ = scratch.add<float>(any_small ? T * pq : 0), oTR = scratch.add<float>(small_crit ? T * pr : 0);
+  const size_t oXU = scratch.add<uint8_t>(T * abH), oHU = scratch.add<uint8_t>(N * abF);
+  uint8_t* base = scratch.commit();
+  auto at = [&](size_t o) { return reinterpret_cast<float*>(base + o); };
+  float *XQ = at(oXQ), *XR = at(oXR), *G = at(oG), *U = at(oU), *Y = at(oY), *GR = at(oGR), *UR = at(oUR);
+  float *HQ = at(oHQ), *H4 = at(oH4), *XS = at(oXS), *HS = at(oHS), *TQ = at(oTQ), *TR = at(oTR);
+  uint8_t *XU = base + oXU, *HU = base + oHU;
   std::vector<int32_t> tok(N);
   for (size_t r = 0; r < N; ++r) tok[r] = (int32_t)(rows[r] / (int64_t)k);
   // 1. activations in the formats that will read them: prepared once per token, then
   //    copied to the token's gathered rows (a decode token feeds all k of its rows)
-  auto TQ = uninit<float>(any_small ? T * pq : 0), TR = uninit<float>(small_crit ? T * pr : 0);
   parallel_for(T, [&](size_t b, size_t e, int) {
     for (size_t t = b; t < e; ++t) {
       if (any_small) prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
@@ -92,12 +133,12 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   //    critical groups get WQ + WR as one int8 product
   std::vector<GemmJob> jobs;
   if (any_small) {
-    jobs.push_back({Fmt::WQ, w.gate_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ.get(), G.get(), false});
-    jobs.push_back({Fmt::WQ, w.up_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ.get(), U.get(), false});
+    jobs.push_back({Fmt::WQ, w.gate_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ, G, false});
+    jobs.push_back({Fmt::WQ, w.up_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ, U, false});
   }
   if (small_crit) {
-    jobs.push_back({Fmt::WR, w.gate_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR.get(), GR.get(), false});
-    jobs.push_back({Fmt::WR, w.up_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR.get(), UR.get(), false});
+    jobs.push_back({Fmt::WR, w.gate_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR, GR, false});
+    jobs.push_back({Fmt::WR, w.up_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR, UR, false});
   }
   run_jobs(jobs.data(), jobs.size());
   std::vector<I8Job> ij;
@@ -106,10 +147,10 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
                    const int32_t* xrow, const uint8_t* xq, const float* sx, float* y) {
     if (!id.empty()) ij.push_back({fa, Wa, fb, Wb, out_dim, in_dim, id.data(), off.data(), cnt.data(), id.size(), xrow, xq, sx, y});
   };
-  i8job(Fmt::WQ, w.gate_q, Fmt::WR, w.gate_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), G.get());
-  i8job(Fmt::WQ, w.up_q, Fmt::WR, w.up_r, F, H, bcid, bcoff, bccnt, tok.data(), XU.get(), XS.get(), U.get());
-  i8job(Fmt::WQ, w.gate_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU.get(), XS.get(), G.get());
-  i8job(Fmt::WQ, w.up_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU.get(), XS.get(), U.get());
+  i8job(Fmt::WQ, w.gate_q, Fmt::WR, w.gate_r, F, H, bcid, bcoff, bccnt, tok.data(), XU, XS, G);
+  i8job(Fmt::WQ, w.up_q, Fmt::WR, w.up_r, F, H, bcid, bcoff, bccnt, tok.data(), XU, XS, U);
+  i8job(Fmt::WQ, w.gate_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU, XS, G);
+  i8job(Fmt::WQ, w.up_q, Fmt::WQ, nullptr, F, H, bnid, bnoff, bncnt, tok.data(), XU, XS, U);
   run_i8_jobs(ij.data(), ij.size());
   // 3. h = silu(g) * u, prepared for the down format of its row
   parallel_for(N, [&](size_t b, size_t e, int) {
@@ -126,12 +167,12 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   }, 16);
   // 4. down: D4 for critical rows, WQ for the others
   jobs.clear();
-  if (small_crit) jobs.push_back({Fmt::D4, w.down4, H, F, scid.data(), scoff.data(), sccnt.data(), scid.size(), H4.get(), Y.get(), false});
-  if (!snid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, snid.data(), snoff.data(), sncnt.data(), snid.size(), HQ.get(), Y.get(), false});
+  if (small_crit) jobs.push_back({Fmt::D4, w.down4, H, F, scid.data(), scoff.data(), sccnt.data(), scid.size(), H4, Y, false});
+  if (!snid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, snid.data(), snoff.data(), sncnt.data(), snid.size(), HQ, Y, false});
   run_jobs(jobs.data(), jobs.size());
   ij.clear();
-  i8job(Fmt::D4, w.down4, Fmt::D4, nullptr, H, F, bcid, bcoff, bccnt, nullptr, HU.get(), HS.get(), Y.get());
-  i8job(Fmt::WQ, w.down_q, Fmt::WQ, nullptr, H, F, bnid, bnoff, bncnt, nullptr, HU.get(), HS.get(), Y.get());
+  i8job(Fmt::D4, w.down4, Fmt::D4, nullptr, H, F, bcid, bcoff, bccnt, nullptr, HU, HS, Y);
+  i8job(Fmt::WQ, w.down_q, Fmt::WQ, nullptr, H, F, bnid, bnoff, bncnt, nullptr, HU, HS, Y);
   run_i8_jobs(ij.data(), ij.size());
   // 5. router-weighted sum, split over columns so the row order (and result) is fixed
   parallel_for(H, [&](size_t c0, size_t c1, int) {
