@@ -60,19 +60,24 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t E = w.E, H = w.H, F = w.F;
   // Groups (expert, critical?) -> routed (token, slot) pairs in token order; each
   // group's rows are contiguous so an expert's row is decoded once per 4 tokens.
-  std::vector<std::vector<int64_t>> members(2 * E);
-  for (size_t t = 0; t < T; ++t)
-    for (size_t j = 0; j < k; ++j) members[2 * (size_t)ids[t * k + j] + ((int32_t)j < ncrit[t] ? 1 : 0)].push_back((int64_t)(t * k + j));
+  // (A counting sort over the keys: one small array, whatever E is.)
+  const size_t TK = T * k;
+  std::vector<int64_t> first(2 * E + 1, 0), rows(TK);
+  auto key = [&](size_t i) { return 2 * (size_t)ids[i] + ((int32_t)(i % k) < ncrit[i / k] ? 1 : 0); };
+  for (size_t i = 0; i < TK; ++i) ++first[key(i) + 1];
+  for (size_t g = 0; g < 2 * E; ++g) first[g + 1] += first[g];
+  {
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (size_t i = 0; i < TK; ++i) rows[(size_t)fill[key(i)]++] = (int64_t)i;
+  }
   std::vector<int32_t> gid;  // expert per group
-  std::vector<int64_t> goff, gcnt, rows;
-  std::vector<char> crit;              // per gathered row
+  std::vector<int64_t> goff, gcnt;
+  std::vector<char> crit(TK);  // per gathered row
   for (size_t g = 0; g < 2 * E; ++g) {
-    if (members[g].empty()) continue;
-    const int32_t e = (int32_t)(g / 2);
-    const int64_t off = (int64_t)rows.size(), cnt = (int64_t)members[g].size();
-    gid.push_back(e); goff.push_back(off); gcnt.push_back(cnt);
-    rows.insert(rows.end(), members[g].begin(), members[g].end());
-    crit.insert(crit.end(), (size_t)cnt, (char)(g & 1));
+    const int64_t off = first[g], cnt = first[g + 1] - first[g];
+    if (cnt == 0) continue;
+    gid.push_back((int32_t)(g / 2)); goff.push_back(off); gcnt.push_back(cnt);
+    std::fill(crit.begin() + off, crit.begin() + off + cnt, (char)(g & 1));
   }
   const size_t N = rows.size();
   // Groups of many tokens take the int8 GEMM where it runs (resplit_i8.cpp); the
