@@ -165,6 +165,10 @@ struct I8Isa {
 const I8Isa* i8_isa_avx512();  // VNNI
 const I8Isa* i8_isa_avx2();
 
+// 32 activations (n < 32: zero padded) -> int8 per the rule above; returns sum(q).
+int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx);
+int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx);
+
 // h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
 void silu_mul(const float* g, const float* u, size_t n, float* h);
 void silu_mul_avx512(const float* g, const float* u, size_t n, float* h);

@@ -26,7 +26,7 @@ bool int8_acts() {  // the SIMD paths run WQ, WR and D4 on int8 activations
 inline float rne(float x) { return (x + 12582912.0f) - 12582912.0f; }
 
 // Per 32 values: sx = max|x|/127, xq = rint(x * 127/max|x|) (0 if all zero); returns sum(xq).
-int q8_block(const float* x, size_t n, int8_t* q, float* sx) {
+int q8_block_scalar(const float* x, size_t n, int8_t* q, float* sx) {
   float xb[32] = {0};
   for (size_t j = 0; j < 32 && j < n; ++j) xb[j] = x[j];
   float amax = 0.f;
@@ -39,6 +39,16 @@ int q8_block(const float* x, size_t n, int8_t* q, float* sx) {
     sum += q[j];
   }
   return sum;
+}
+
+// The same on the ISA path in use (identical bytes).
+int q8_block(const float* x, size_t n, int8_t* q, float* sx) {
+#if RMOE_X86
+  static const Isa isa = active_isa();
+  if (isa == Isa::Avx512) return q8_block_avx512(x, n, q, sx);
+  if (isa == Isa::Avx2) return q8_block_avx2(x, n, q, sx);
+#endif
+  return q8_block_scalar(x, n, q, sx);
 }
 
 // D4 int8 activations, per group of 4 blocks (64 floats): int8 lo[4 blocks][16] (weights

@@ -201,6 +201,36 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 
 }  // namespace
 
+// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/127,
+// q = rint(x * 127/max|x|); returns sum(q).
+int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx) {
+  alignas(32) float f[32] = {0};
+  std::memcpy(f, x, (n < 32 ? n : 32) * sizeof(float));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_load_ps(f + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  *sx = amax / 127.0f;
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
+  __m256i s = _mm256_setzero_si256();
+  alignas(32) int32_t qi[32];
+  for (int i = 0; i < 4; ++i) {
+    const __m256i qv = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(qi + 8 * i), qv);
+    s = _mm256_add_epi32(s, qv);
+  }
+  for (int i = 0; i < 32; ++i) q[i] = (int8_t)qi[i];
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+
 RMOE_TILED(row_dot_wq_avx2, wq_tile)
 RMOE_TILED(row_dot_d4_avx2, d4_tile)
 RMOE_TILED(row_dot_wr_avx2, wr_tile)

@@ -198,6 +198,21 @@ RMOE_TILED(row_dot_d4_bw, d4_tile_bw)
 
 }  // namespace
 
+// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/127,
+// q = rint(x * 127/max|x|); returns sum(q).
+int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx) {
+  const __mmask16 ma = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
+  const __mmask16 mb = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
+  const __m512 a = _mm512_maskz_loadu_ps(ma, x), b = _mm512_maskz_loadu_ps(mb, x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  *sx = amax / 127.0f;
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+
 // h = silu(g) * u = g / (1 + e^-g) * u. e^x as Cephes expf: x = n ln2 + r (ln2 split in
 // two), a degree-6 polynomial in r, scaled by 2^n (vscalefps overflows to inf and
 // underflows to 0 as expf does); within 2 ulp of std::exp.

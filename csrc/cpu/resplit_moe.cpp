@@ -187,7 +187,7 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
       const float wt = weights[rows[r]];
       for (size_t c = c0; c < c1; ++c) out[t * H + c] += wt * Y[r * H + c];
     }
-  }, 256);
+  }, T == 1 ? H : 256);  // a decode token's sum is too small to share
 }
 
 }  // namespace resplit
