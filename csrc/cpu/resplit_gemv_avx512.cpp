@@ -1,7 +1,7 @@
 // AVX-512 fused decode x activation kernels of the resplit formats. Called only
 // when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state. In prefill up to 16
 // (WQ) or 8 (D4) tokens share each decoded register; one token is the decode GEMV,
-// where WQ takes eight rows at a time (wq_rows_vnni). WR and the VBMI variant of D4
+// where WQ takes four rows at a time (wq_rows_vnni). WR and the VBMI variant of D4
 // are in resplit_vbmi.cpp.
 #include "isa.h"
 #include "resplit.h"
@@ -92,7 +92,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
     const __m512 sx = _mm512_mul_ps(_mm512_loadu_ps(g + 80), inv256), c = _mm512_loadu_ps(g + 96);
     for (int r = 0; r < R; ++r) {
       const uint8_t* qr = q + r * rb + 8 * b;
-      _mm_prefetch(reinterpret_cast<const char*>(qr + R * rb), _MM_HINT_T0);  // these blocks of the next rows
+      _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T0);  // these blocks 8 rows on (the next row group)
       const __m512i raw = _mm512_maskz_loadu_epi8(lm, qr);
       // 16-bit lane 4b+3 holds bytes 6, 7 of block b: f16 bits (b7 << 7) | ((b6 & 15) << 3)
       // = (lane >> 1) & 0xFF80 | (lane << 3) & 0x7F, then to lanes 2b, 2b+1
@@ -251,7 +251,6 @@ void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const
     std::abort();
   }
   size_t r = 0;
-  for (; r + 8 <= nr; r += 8) wq_rows_vnni<8>(q + r * rb, rb, nb, xp, y + r);
   for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
   for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
 }
