@@ -111,7 +111,7 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
     for (int r = 0; r < R; ++r) {
       const uint8_t* g = q + r * rb + off;
-      _mm_prefetch(reinterpret_cast<const char*>(g + R * rb), _MM_HINT_T0);  // this group of the next rows
+      _mm_prefetch(reinterpret_cast<const char*>(g + 2 * R * rb), _MM_HINT_T0);  // this group two row passes on
       const __m512i c = codes(k, g, w);
       for (size_t p = 0; p < m; ++p) {
         const float* xb = xp + 48 * (b0 + p);
