@@ -104,6 +104,10 @@ def main() -> None:
                 res.setdefault(f"r={s}", {}).setdefault(key, []).append(row["tokens_per_s"])
                 if key == "tg":
                     extra[f"r={s}"] = row
+    print("\nper repetition (pp / tg tokens/s):", file=sys.stderr)
+    for name, v in res.items():
+        print(f"  {name:<12} pp {' '.join(f'{x:.1f}' for x in v['pp'])} | tg {' '.join(f'{x:.1f}' for x in v['tg'])}",
+              file=sys.stderr)
     base = {k: float(np.median(v)) for k, v in res["llama.cpp"].items()}
     print(f"\n{a.threads} threads, {q4.name} (both engines), median of {a.reps}")
     print(f"{'engine':<12} {'pp' + str(a.p):>9} {'ratio':>6} {'tg' + str(a.n):>9} {'ratio':>6} {'MB/tok':>7} {'GB/s':>6} {'of BW':>6}")

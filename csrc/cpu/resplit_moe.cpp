@@ -1,7 +1,8 @@
-// Split execution of one MoE layer on the CPU (DESIGN.md section 2), in four
-// parallel passes: gate/up of every routed (token, expert) pair, silu(g)*u,
-// down, and the router-weighted sum.
+// Split execution of one MoE layer on the CPU (DESIGN.md section 2), in parallel
+// passes: gate/up of every routed (token, expert) pair, silu(g)*u, down, and the
+// router-weighted sum.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
