@@ -25,38 +25,16 @@ constexpr size_t kRows = 16, kMaxTok = 3;
 
 size_t tile_bytes(size_t nb) { return nb * 2 * 16 * 32; }
 
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-// 32 floats -> int32 q[32] (s = max|w|/127, q = rint(w/s)); returns s.
-inline float quant32(const float* f, int32_t* q) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4], m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(f + 8 * i);
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-  }
-  const float amax = hmax8(m);
-  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
-  for (int i = 0; i < 4; ++i)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
-  return amax / 127.0f;
-}
-
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 8, rr = r % 8;
   for (size_t b = 0; b < nb; ++b, f += 32) {
-    int32_t q[32];
-    s[b * kRows + r] = quant32(f, q);
+    int8_t q[32];
+    q8_block_avx2(f, 32, q, &s[b * kRows + r]);
     nc[b * kRows + r] = 0;
     int16_t* wb = reinterpret_cast<int16_t*>(w + (b * 2 + g) * 512) + 2 * rr;
     for (int j = 0; j < 16; ++j) {
-      wb[16 * j] = (int16_t)q[2 * j];
-      wb[16 * j + 1] = (int16_t)q[2 * j + 1];
+      wb[16 * j] = q[2 * j];
+      wb[16 * j + 1] = q[2 * j + 1];
     }
   }
 }
@@ -106,14 +84,14 @@ void gemm(const uint8_t* w, const float* s, const int32_t*, size_t nb, const uin
 }
 
 void prep(const float* x, size_t n, uint8_t* xq, float* sx) {
-  const size_t nb = (n + 31) / 32;
   int16_t* out = reinterpret_cast<int16_t*>(xq);
-  for (size_t b = 0; b < nb; ++b) {
-    float f[32] = {0};
-    std::memcpy(f, x + 32 * b, (n - 32 * b < 32 ? n - 32 * b : 32) * sizeof(float));
-    int32_t q[32];
-    sx[b] = quant32(f, q);
-    for (int i = 0; i < 32; ++i) out[32 * b + i] = (int16_t)q[i];
+  for (size_t b = 0; b * 32 < n; ++b) {
+    int8_t q[32];
+    q8_block_avx2(x + 32 * b, n - 32 * b, q, &sx[b]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * b),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * b + 16),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
   }
 }
 

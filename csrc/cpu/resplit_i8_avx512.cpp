@@ -28,15 +28,8 @@ size_t tile_bytes(size_t nb) { return nb * 2 * 8 * 64; }
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 16, rr = r % 16;
   for (size_t b = 0; b < nb; ++b, f += 32) {
-    const __m512 a = _mm512_loadu_ps(f), c = _mm512_loadu_ps(f + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
-    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
     alignas(16) int8_t q[32];
-    _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
-    _mm_store_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qc));
-    s[b * kRows + r] = amax / 127.0f;
-    nc[b * kRows + r] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+    nc[b * kRows + r] = -128 * q8_block_avx512(f, 32, q, &s[b * kRows + r]);
     uint8_t* wb = w + (b * 2 + g) * 512 + 4 * rr;
     for (int j = 0; j < 8; ++j) std::memcpy(wb + 64 * j, q + 4 * j, 4);
   }
@@ -91,20 +84,12 @@ void gemm(const uint8_t* w, const float* s, const int32_t* nc, size_t nb, const 
 
 // x -> x_q + 128 per 32 values (zero padded), and the scales.
 void prep(const float* x, size_t n, uint8_t* xu, float* sx) {
-  const size_t nb = (n + 31) / 32;
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t left = n - 32 * b;
-    const __mmask16 ma = (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1);
-    const __mmask16 mb = (__mmask16)(left >= 32 ? 0xFFFF : left > 16 ? (1u << (left - 16)) - 1 : 0);
-    const __m512 a = _mm512_maskz_loadu_ps(ma, x + 32 * b), c = _mm512_maskz_loadu_ps(mb, x + 32 * b + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
-    sx[b] = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
-    const __m512i bias = _mm512_set1_epi32(128);
-    const __m512i qa = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), bias);
-    const __m512i qc = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(c, inv)), bias);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(xu + 32 * b), _mm512_cvtepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(xu + 32 * b + 16), _mm512_cvtepi32_epi8(qc));
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  for (size_t b = 0; b * 32 < n; ++b) {
+    alignas(32) int8_t q[32];
+    q8_block_avx512(x + 32 * b, n - 32 * b, q, &sx[b]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + 32 * b),
+                        _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)), bias));
   }
 }
 
