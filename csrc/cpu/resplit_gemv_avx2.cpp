@@ -217,14 +217,15 @@ int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx) {
   const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
   *sx = amax / 127.0f;
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
-  __m256i s = _mm256_setzero_si256();
-  alignas(32) int32_t qi[32];
+  __m256i qv[4], s = _mm256_setzero_si256();
   for (int i = 0; i < 4; ++i) {
-    const __m256i qv = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(qi + 8 * i), qv);
-    s = _mm256_add_epi32(s, qv);
+    qv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    s = _mm256_add_epi32(s, qv[i]);
   }
-  for (int i = 0; i < 32; ++i) q[i] = (int8_t)qi[i];
+  // int32 -> int8 (|q| <= 127: no saturation); the packs interleave 128-bit lanes, the permute undoes it
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qv[0], qv[1]), _mm256_packs_epi32(qv[2], qv[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
