@@ -29,16 +29,14 @@ def attention_chunk(n_head: int, S: int) -> int:
     return max(16, min(128, ATTN_SCORES_BYTES // (4 * n_head * max(1, S))))
 
 
-def use_planned_allocator(threshold: int = 8 << 20) -> bool:
+def use_planned_allocator(threshold: int = 1 << 20) -> bool:
     """Make peak memory what the plan counts: glibc serves buffers above
     `threshold` with their own mappings and returns them on free. Its default
     (a threshold that grows with each freed buffer, per-thread arenas that keep
     them) made the demo's peak RSS vary by ±20% from run to run on the same
-    input. A fixed 8 MB keeps that within a few percent while a prompt's
-    per-layer buffers of a few MB are reused from the heap: at 1 MB their fresh
-    mappings cost about a quarter of prefill time in page faults (the routed
-    experts' larger scratch is kept by the kernel itself, resplit_moe.cpp).
-    Call once, early; False where it does not apply (not glibc)."""
+    input. (A prompt's buffers then fault their pages in on every forward: at
+    8 MB prefill was a quarter faster, but the peak grew past what the plan
+    counts.) Call once, early; False where it does not apply (not glibc)."""
     import ctypes
     import ctypes.util
 

@@ -14,16 +14,10 @@ namespace rmoe {
 namespace resplit {
 
 namespace {
-// The layer's scratch, carved from one block. Prefill keeps the block across calls:
-// fresh mappings of tens of MB per layer cost about a quarter of prefill in page faults
-// (large blocks go back to the OS on free: plan_sizes.use_planned_allocator). A decode
-// call (one token) returns it, so the memory a prompt needed is not held while chatting.
-// Elements are left uninitialized: every element read is written first.
+// The layer's scratch, carved from one block allocated per call and left
+// uninitialized: every element read is written first.
 class Scratch {
  public:
-  explicit Scratch(bool keep) : keep_(keep) {
-    if (!keep) held().reset(), held_cap() = 0;
-  }
   // Room for n elements of T; its offset in the block.
   template <class T>
   size_t add(size_t n) {
@@ -33,26 +27,13 @@ class Scratch {
   }
   // The block for everything added (64-byte aligned).
   uint8_t* commit() {
-    std::unique_ptr<uint8_t[]>& b = keep_ ? held() : own_;
-    if (!keep_ || held_cap() < used_) {
-      b.reset(new uint8_t[used_ + 64]);
-      if (keep_) held_cap() = used_;
-    }
-    return b.get() + (64 - reinterpret_cast<uintptr_t>(b.get()) % 64) % 64;
+    block_.reset(new uint8_t[used_ + 64]);
+    return block_.get() + (64 - reinterpret_cast<uintptr_t>(block_.get()) % 64) % 64;
   }
 
  private:
-  static std::unique_ptr<uint8_t[]>& held() {
-    thread_local std::unique_ptr<uint8_t[]> b;
-    return b;
-  }
-  static size_t& held_cap() {
-    thread_local size_t c = 0;
-    return c;
-  }
-  bool keep_;
   size_t used_ = 0;
-  std::unique_ptr<uint8_t[]> own_;
+  std::unique_ptr<uint8_t[]> block_;
 };
 }  // namespace
 
@@ -106,7 +87,7 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
   const size_t nbH = (H + 31) / 32, nbF = (F + 31) / 32;
   const size_t abH = any_big ? i8_act_bytes(H) : 0, abF = any_big ? i8_act_bytes(F) : 0;
-  Scratch scratch(T > 1);
+  Scratch scratch;
   const size_t oXQ = scratch.add<float>(any_small ? N * pq : 0), oXR = scratch.add<float>(small_crit ? N * pr : 0);
   const size_t oG = scratch.add<float>(N * F), oU = scratch.add<float>(N * F), oY = scratch.add<float>(N * H);
   const size_t oGR = scratch.add<float>(small_crit ? N * F : 0), oUR = scratch.add<float>(small_crit ? N * F : 0);
