@@ -152,11 +152,11 @@ void run_i8_jobs(const I8Job* jobs, size_t nj);
 
 // One ISA's pieces of the int8 GEMM (raw pointers only: the ISA files hold no library
 // templates). A tile is `rows` rows: pack_row requantizes row r (f: nb*32 floats, zero
-// padded) into the tile's w (tile_bytes(nb)), s and nc ([nb][rows] each); gemm gives nt
-// <= max_nt tokens' sums for the tile's first nr rows.
+// padded) into the tile's w (kI8TileBlockBytes per 32-weight block), s and nc ([nb][rows]
+// each); gemm gives nt <= max_nt tokens' sums for the tile's first nr rows. x86 only.
+constexpr size_t kI8TileBlockBytes = 1024;  // AVX-512: 32 rows x 32 int8; AVX2: 16 rows x 32 int16
 struct I8Isa {
   size_t rows, max_nt, act_bytes;  // act_bytes: bytes per activation
-  size_t (*tile_bytes)(size_t nb);
   void (*pack_row)(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc);
   void (*gemm)(const uint8_t* w, const float* s, const int32_t* nc, size_t nb, const uint8_t* const* xq,
                const float* const* sx, float* const* y, size_t nt, size_t nr);

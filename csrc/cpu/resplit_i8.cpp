@@ -21,9 +21,11 @@ namespace {
 
 const I8Isa* active() {
   static const I8Isa* k = [] () -> const I8Isa* {
+#if RMOE_X86
     const Isa isa = active_isa();
     if (isa == Isa::Avx512 && cpu_features().avx512vnni) return i8_isa_avx512();
     if (isa >= Isa::Avx2) return i8_isa_avx2();
+#endif
     return nullptr;
   }();
   return k;
@@ -43,11 +45,11 @@ void repack(const I8Isa& K, const I8Job& J, int32_t e, size_t o0, Tile& T) {
   const size_t la = (n + block_of(J.fa) - 1) / block_of(J.fa), rba = row_bytes(J.fa, n);
   const size_t lb = J.Wb ? (n + block_of(J.fb) - 1) / block_of(J.fb) : 0, rbb = J.Wb ? row_bytes(J.fb, n) : 0;
   if (o0 + K.rows > J.out_dim) {  // rows past the end stay zero
-    T.w.assign(K.tile_bytes(nb), 0);
+    T.w.assign(nb * kI8TileBlockBytes, 0);
     T.s.assign(nb * K.rows, 0.f);
     T.nc.assign(nb * K.rows, 0);
   } else {  // every element is written below
-    T.w.resize(K.tile_bytes(nb));
+    T.w.resize(nb * kI8TileBlockBytes);
     T.s.resize(nb * K.rows);
     T.nc.resize(nb * K.rows);
   }

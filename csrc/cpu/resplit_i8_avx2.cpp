@@ -23,8 +23,6 @@ namespace {
 
 constexpr size_t kRows = 16, kMaxTok = 3;
 
-size_t tile_bytes(size_t nb) { return nb * 2 * 16 * 32; }
-
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 8, rr = r % 8;
   for (size_t b = 0; b < nb; ++b, f += 32) {
@@ -45,7 +43,7 @@ void tile_gemm(const uint8_t* w, const float* s, size_t nb, const uint8_t* const
   __m256 f0[NT], f1[NT];
   for (int t = 0; t < NT; ++t) f0[t] = f1[t] = _mm256_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = w + b * 1024;
+    const uint8_t* wb = w + b * kI8TileBlockBytes;
     __m256i a0[NT], a1[NT];
     for (int t = 0; t < NT; ++t) a0[t] = a1[t] = _mm256_setzero_si256();
     for (int j = 0; j < 16; ++j) {
@@ -95,7 +93,7 @@ void prep(const float* x, size_t n, uint8_t* xq, float* sx) {
   }
 }
 
-const I8Isa kIsa{kRows, kMaxTok, 2, tile_bytes, pack_row, gemm, prep};
+const I8Isa kIsa{kRows, kMaxTok, 2, pack_row, gemm, prep};
 
 }  // namespace
 
@@ -104,10 +102,4 @@ const I8Isa* i8_isa_avx2() { return &kIsa; }
 }  // namespace resplit
 }  // namespace rmoe
 
-#else  // non-x86: never selected
-namespace rmoe {
-namespace resplit {
-const I8Isa* i8_isa_avx2() { return nullptr; }
-}  // namespace resplit
-}  // namespace rmoe
 #endif

@@ -22,8 +22,6 @@ namespace {
 
 constexpr size_t kRows = 32, kMaxTok = 6;
 
-size_t tile_bytes(size_t nb) { return nb * 2 * 8 * 64; }
-
 // One row's 32-weight blocks -> int8 (s = max|w|/127, q = rint(w/s)) at tile row r.
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 16, rr = r % 16;
@@ -41,7 +39,7 @@ void tile_gemm(const uint8_t* w, const float* s, const int32_t* nc, size_t nb, c
   __m512 f0[NT], f1[NT];
   for (int t = 0; t < NT; ++t) f0[t] = f1[t] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = w + b * 1024;
+    const uint8_t* wb = w + b * kI8TileBlockBytes;
     const __m512i n0 = _mm512_loadu_si512(nc + b * 32), n1 = _mm512_loadu_si512(nc + b * 32 + 16);
     __m512i a0[NT], a1[NT];
     for (int t = 0; t < NT; ++t) { a0[t] = n0; a1[t] = n1; }
@@ -93,7 +91,7 @@ void prep(const float* x, size_t n, uint8_t* xu, float* sx) {
   }
 }
 
-const I8Isa kIsa{kRows, kMaxTok, 1, tile_bytes, pack_row, gemm, prep};
+const I8Isa kIsa{kRows, kMaxTok, 1, pack_row, gemm, prep};
 
 }  // namespace
 
@@ -102,10 +100,4 @@ const I8Isa* i8_isa_avx512() { return &kIsa; }
 }  // namespace resplit
 }  // namespace rmoe
 
-#else  // non-x86: never selected
-namespace rmoe {
-namespace resplit {
-const I8Isa* i8_isa_avx512() { return nullptr; }
-}  // namespace resplit
-}  // namespace rmoe
 #endif
