@@ -96,34 +96,45 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
 }
 
-// One token, R rows at once: the rows share the activation loads.
+// One token, R rows at once. Per block the activations are loaded once for all R rows,
+// and the lane factor uses the shared 2^(-k/4) / 4 table: each row's D scales its sum at
+// the end.
 template <int R>
 void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
   const Consts& k = consts();
-  __m512 tab[R], tot[R];
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* qr = q + r * rb;
-    tab[r] = _mm512_mul_ps(_mm512_loadu_ps(kWrTable), _mm512_set1_ps(0.25f * h2f(qr[0] | (qr[1] << 8))));
-    tot[r] = _mm512_setzero_ps();
-  }
+  const __m512 tab = _mm512_mul_ps(_mm512_loadu_ps(kWrTable), _mm512_set1_ps(0.25f));
+  const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+  __m512 tot[R];
+  __m512i c[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
   size_t off = 2;
   for (size_t b0 = 0; b0 < nb; b0 += 3) {
     const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
     for (int r = 0; r < R; ++r) {
       const uint8_t* g = q + r * rb + off;
       _mm_prefetch(reinterpret_cast<const char*>(g + 2 * R * rb), _MM_HINT_T0);  // this group two row passes on
-      const __m512i c = codes(k, g, w);
-      for (size_t p = 0; p < m; ++p) {
-        const float* xb = xp + 48 * (b0 + p);
-        const __m512i lv = _mm512_permutex2var_epi8(k.tab_lo[p], c, k.tab_hi[p]);
-        const __m512 sc = lane_scales(g + 8 * w + 2 * p, tab[r]);
-        const __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(xb + 32), lv, _mm512_loadu_si512(xb));
-        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sc, _mm512_loadu_ps(xb + 16)), tot[r]);
+      c[r] = codes(k, g, w);
+    }
+    for (size_t p = 0; p < m; ++p) {
+      const float* xb = xp + 48 * (b0 + p);
+      const __m512i x0 = _mm512_loadu_si512(xb), corr = _mm512_loadu_si512(xb + 32);
+      const __m512 sx = _mm512_loadu_ps(xb + 16);
+      const __m512i lo = k.tab_lo[p], hi = k.tab_hi[p];
+      const size_t so = off + 8 * w + 2 * p;  // the block's sub-scale word
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* ws = q + r * rb + so;
+        const __m512i lv = _mm512_permutex2var_epi8(lo, c[r], hi);
+        const __m512 sc = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi16((short)(ws[0] | (ws[1] << 8))), sh), tab);
+        const __m512i acc = _mm512_dpbusd_epi32(corr, lv, x0);
+        tot[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sc, sx), tot[r]);
       }
     }
     off += wr_group_bytes(m);
   }
-  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* qr = q + r * rb;
+    y[r] = _mm512_reduce_add_ps(tot[r]) * h2f(qr[0] | (qr[1] << 8));
+  }
 }
 
 // D4, 4 blocks (72 bytes) per step: one byte permute gathers the 4 x 16 nibble bytes,
