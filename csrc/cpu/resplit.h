@@ -95,6 +95,7 @@ bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 void row_dot_d4_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
+void rows_dot_d4_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 void dequant_row_wr_vbmi(const uint8_t* row, size_t nb, float* out);
 
 // Batched expert GEMM: for each selected slot s (one expert id each),

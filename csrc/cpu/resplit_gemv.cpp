@@ -219,6 +219,7 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
   static const bool vnni = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
   if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
   if (fmt == Fmt::WR && vbmi_kernels()) return rows_dot_wr_vbmi;
+  if (fmt == Fmt::D4 && vbmi_kernels()) return rows_dot_d4_vbmi;
 #endif
   (void)fmt;
   return nullptr;

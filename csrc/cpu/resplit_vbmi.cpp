@@ -209,6 +209,43 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(_mm512_sub_ps(tot[t], totm[t]));
 }
 
+// One token, R rows at once (prep_d4_q8 layout): the activations of a step are loaded
+// once for all rows, and each row's D and M scale its two sums at the end.
+template <int R>
+void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  const D4Consts& k = d4consts();
+  const __mmask64 low = 0x1111111111111111ull;  // byte 0 of each int32 lane
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  __m512 tot[R], totm[R];
+  for (int r = 0; r < R; ++r) tot[r] = totm[r] = _mm512_setzero_ps();
+  const size_t ahead = R * rb;  // the same blocks R rows on (the next row group)
+  for (size_t b = 0; b < nb; b += 4) {
+    const size_t avail = 18 * (nb - b < 4 ? nb - b : 4);
+    const __mmask64 ma = avail >= 64 ? ~0ull : (1ull << avail) - 1;
+    const __mmask64 mb = avail > 64 ? (1ull << (avail - 64)) - 1 : 0;
+    const float* g = xp + (b / 4) * 64;
+    const __m512i x0 = _mm512_loadu_si512(g), x1 = _mm512_loadu_si512(g + 16);
+    const __m512 sx = _mm512_loadu_ps(g + 32), xs = _mm512_loadu_ps(g + 48);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* qb = q + r * rb + 4 + 18 * b;
+      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T0);
+      const __m512i a = _mm512_maskz_loadu_epi8(ma, qb), bb = _mm512_maskz_loadu_epi8(mb, qb + 64);
+      const __m512i v = _mm512_permutex2var_epi8(a, k.nib, bb);
+      const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, m4), x0),
+                                              _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), x1);
+      const __m512 sc = _mm512_cvtepi32_ps(_mm512_maskz_permutex2var_epi8(low, a, k.sc, bb));
+      const __m512 mn = _mm512_cvtepi32_ps(_mm512_maskz_permutex2var_epi8(low, a, k.mn, bb));
+      tot[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx), sc, tot[r]);
+      totm[r] = _mm512_fmadd_ps(mn, xs, totm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* qr = q + r * rb;
+    y[r] = h2f(qr[0] | (qr[1] << 8)) * _mm512_reduce_add_ps(tot[r]) - h2f(qr[2] | (qr[3] << 8)) * _mm512_reduce_add_ps(totm[r]);
+  }
+}
+
 }  // namespace
 
 bool vbmi_kernels() {
@@ -274,6 +311,14 @@ void dequant_row_wr_vbmi(const uint8_t* q, size_t nb, float* out) {
   }
 }
 
+void rows_dot_d4_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  require_vbmi();
+  size_t r = 0;
+  for (; r + 8 <= nr; r += 8) d4_rows<8>(q + r * rb, rb, nb, xp, y + r);
+  for (; r + 4 <= nr; r += 4) d4_rows<4>(q + r * rb, rb, nb, xp, y + r);
+  for (; r < nr; ++r) d4_rows<1>(q + r * rb, rb, nb, xp, y + r);
+}
+
 void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vbmi();
   size_t r = 0;
@@ -296,6 +341,7 @@ void row_dot_wr_vbmi(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
   row_dot_wr_scalar(q, nb, xp, xs, T, y, ys);
 }
 void rows_dot_wr_vbmi(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void rows_dot_d4_vbmi(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 void dequant_row_wr_vbmi(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }
 }  // namespace resplit
 }  // namespace rmoe
