@@ -7,6 +7,11 @@
 // block's int8 activations (vpdpbusd, started from -9 * sum x to undo the +9). Each
 // int32 lane then covers 4 weights of one 16-weight sub-block, so the sub-scale is a
 // per-lane factor: sum_lanes acc * (D * 2^(-k/4) / 4) * sx.
+//
+// The decode GEMV (one token) takes 8 rows at a time for both formats: each block's
+// activations are loaded once for the 8 rows, and the per-row constants (WR's D, D4's
+// D and M) scale the row sums at the end. Loads, not arithmetic, bounded the one-row
+// loop: from DRAM at 2 threads WR went from 22 to 38 GB/s and D4 from 36 to 44.
 #include "isa.h"
 #include "resplit.h"
 
