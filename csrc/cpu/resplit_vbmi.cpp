@@ -22,6 +22,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace rmoe {
 namespace resplit {
@@ -251,6 +252,15 @@ void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
   }
 }
 
+// nr rows as groups of 8, then 4, then single rows: rows(R, first row), R an integral_constant.
+template <class Rows>
+void in_row_groups(size_t nr, Rows rows) {
+  size_t r = 0;
+  for (; r + 8 <= nr; r += 8) rows(std::integral_constant<int, 8>(), r);
+  for (; r + 4 <= nr; r += 4) rows(std::integral_constant<int, 4>(), r);
+  for (; r < nr; ++r) rows(std::integral_constant<int, 1>(), r);
+}
+
 }  // namespace
 
 bool vbmi_kernels() {
@@ -318,18 +328,12 @@ void dequant_row_wr_vbmi(const uint8_t* q, size_t nb, float* out) {
 
 void rows_dot_d4_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vbmi();
-  size_t r = 0;
-  for (; r + 8 <= nr; r += 8) d4_rows<8>(q + r * rb, rb, nb, xp, y + r);
-  for (; r + 4 <= nr; r += 4) d4_rows<4>(q + r * rb, rb, nb, xp, y + r);
-  for (; r < nr; ++r) d4_rows<1>(q + r * rb, rb, nb, xp, y + r);
+  in_row_groups(nr, [&](auto R, size_t r) { d4_rows<decltype(R)::value>(q + r * rb, rb, nb, xp, y + r); });
 }
 
 void rows_dot_wr_vbmi(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vbmi();
-  size_t r = 0;
-  for (; r + 8 <= nr; r += 8) wr_rows<8>(q + r * rb, rb, nb, xp, y + r);
-  for (; r + 4 <= nr; r += 4) wr_rows<4>(q + r * rb, rb, nb, xp, y + r);
-  for (; r < nr; ++r) wr_rows<1>(q + r * rb, rb, nb, xp, y + r);
+  in_row_groups(nr, [&](auto R, size_t r) { wr_rows<decltype(R)::value>(q + r * rb, rb, nb, xp, y + r); });
 }
 
 }  // namespace resplit
