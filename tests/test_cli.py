@@ -103,3 +103,30 @@ def test_history_continue_and_chat_id(tmp_path, fixture_model, monkeypatch):
     assert len({r[0] for r in rows}) == 1  # one chat, continued
     r = cli("-m", fixture_model, "-p", "x", "--chat", "12345")
     assert r.returncode == 2 and "no chat with id 12345" in r.stderr
+
+
+def test_reader_leaving_a_pipe_is_a_quiet_exit(tmp_path, capsys):
+    """`rapidmoe-chat paths | head -1`: the writer's BrokenPipeError ends the
+    command with 141 and no traceback, whichever subcommand was printing."""
+    from rapidmoe.app.cli import main
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone: a write to w raises BrokenPipeError
+
+    class Gone:
+        def write(self, s):
+            os.write(w, s.encode())
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return w
+
+    saved, sys.stdout = sys.stdout, Gone()
+    try:
+        assert main(["paths"]) == 141
+    finally:
+        sys.stdout = saved
+        os.close(w)
+    assert "Traceback" not in capsys.readouterr().err
