@@ -65,10 +65,14 @@ def _summary(rec: dict, path) -> None:
     t1 = rec["fixed"][1]["decode_s"]
     print(f"{rec['model']}: {rec['n_tokens']} tokens, budget {rec['budget']:g} x the r=1 decode time "
           f"({rec['budget'] * t1 * 1e3:.1f} ms/token), {lat['threads']} threads, {rec['seconds']:.0f} s")
-    print(f"{'candidate':<26} {'KL vs r=k':>10} {'flip':>7} {'r decode':>8} {'r prefill':>9} {'ms/token':>9}")
+    sens = rec.get("sensitivity") or {}
+    if sens:
+        print("layer sensitivity (KL per unit of dropped weight², r = k/2 in that layer alone): "
+              + " ".join(f"{il}:{s:.3g}" for il, s in sens.items()))
+    print(f"{'candidate':<30} {'KL vs r=k':>10} {'flip':>7} {'r decode':>8} {'r prefill':>9} {'ms/token':>9}")
     for c in rec["candidates"]:
         mark = "*" if c["name"] == rec["chosen"] else " "
-        print(f"{mark}{c['name']:<25} {c['kl_mean']:10.5f} {c['flip_rate'] * 100:6.2f}% {c['mean_r_decode']:8.2f} "
+        print(f"{mark}{c['name']:<29} {c['kl_mean']:10.5f} {c['flip_rate'] * 100:6.2f}% {c['mean_r_decode']:8.2f} "
               f"{c['mean_r_prefill']:9.2f} {c['decode_s'] * 1e3:9.2f}")
     print(" r fixed: " + "  ".join(f"r={f['r']} {f['decode_s'] * 1e3:.1f} ms" for f in rec["fixed"]))
     prof = rec["profile"]

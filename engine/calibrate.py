@@ -5,7 +5,11 @@
    segments whose first half runs as prefill and second half as decode (one
    chunk each, the policy told which phase), so both β's act and prompt errors
    reach later tokens through the KV cache as they do in a chat.
-3. Candidate profiles — α a smooth function of depth, θ set so the predicted
+3. Each MoE layer's sensitivity: a pass with only that layer (or group of
+   layers) at r = k/2 gives its KL against r = k. With a non-critical expert's
+   harm ≈ s_layer · w², the best rule under a budget keeps the experts with the
+   largest s·w², i.e. α ∝ √s: measured α's join the smooth ones below.
+4. Candidate profiles — α a smooth function of depth or the measured one, θ set so the predicted
    decode time meets the budget (default 1.25 × the r = 1 time), β_prefill so
    prefill spends at most 1.25 × what the decode profile would there — each
    scored by a full pass: mean KL and top-1 flip rate against
@@ -40,6 +44,8 @@ CALIB_VERSION = 1
 DEFAULT_BUDGET = 1.25  # decode time <= this x the r = 1 time
 ALPHA_SLOPES = (0.0, 1.4, 2.8, 4.2)  # log(α_first / α_last): shallow layers weigh more
 PREFILL_SLACK = 1.25  # prefill may cost this x what the decode profile would cost there
+SENSITIVITY_GROUPS = 8  # at most this many sensitivity passes (contiguous groups of MoE layers)
+SENSITIVITY_POWERS = (0.5, 1.0)  # α = (√s)^p: p = 1 is the quadratic model's rule, 0.5 hedges it
 
 
 def machine_fingerprint() -> dict:
@@ -184,6 +190,42 @@ def fixed_choose(r: int):
     return lambda w, layer, prefill: np.full(w.shape[0], min(r, w.shape[1]), np.int32)
 
 
+def layer_sensitivity(cal: "Calibrator", w_by_layer: dict, k: int, progress=None,
+                      groups: int = SENSITIVITY_GROUPS) -> dict:
+    """MoE layer -> s: the KL against r = k per unit of dropped router weight²
+    when only that layer's group runs at r = k/2. Contiguous layers share one
+    pass when there are more than `groups` of them."""
+    layers = sorted(w_by_layer)
+    parts = [list(g) for g in np.array_split(np.asarray(layers), min(groups, len(layers))) if len(g)]
+    r_probe = k // 2
+    out = {}
+    for i, part in enumerate(parts):
+        members = set(int(il) for il in part)
+        choose = lambda w, layer, prefill, m=members: np.full(  # noqa: E731
+            w.shape[0], r_probe if layer in m else w.shape[1], np.int32)
+        res, _, _ = cal.run(choose, progress=progress, step=f"sensitivity {i + 1}/{len(parts)}")
+        dropped = sum(float((np.asarray(w_by_layer[il], np.float64)[:, r_probe:] ** 2).sum(1).mean())
+                      for il in members)
+        for il in members:
+            out[il] = res.kl_mean / max(dropped, 1e-12)
+    return out
+
+
+def sensitivity_alphas(sens: dict, n_layer: int, powers=SENSITIVITY_POWERS) -> list[tuple[str, list[float]]]:
+    """(name, α per layer index) from measured sensitivities: α = (√s / max √s)^p."""
+    layers = sorted(sens)
+    if not layers:
+        return []
+    root = np.sqrt(np.maximum([sens[il] for il in layers], 1e-12))
+    root /= root.max()
+    out = []
+    for p in powers:
+        a = root ** p
+        alpha = [float(a[int(np.searchsorted(layers, il).clip(0, len(layers) - 1))]) for il in range(n_layer)]
+        out.append((f"sensitivity^{p:g}", alpha))
+    return out
+
+
 # ---- the search ----
 
 def _predicted(lat: LatencyModel, profile: UmiaProfile, w_by_layer: dict, k: int, prefill: bool) -> float:
@@ -210,26 +252,30 @@ def _fit_threshold(lat, base: UmiaProfile, w_by_layer, k, prefill: bool, budget_
 
 
 def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int, budget: float,
-                       slopes=ALPHA_SLOPES):
-    """(name, UmiaProfile) pairs whose predicted decode time meets the budget.
+                       slopes=ALPHA_SLOPES, alphas: list | None = None):
+    """(name, UmiaProfile) pairs whose predicted decode time meets the budget:
+    one per α (the smooth `slopes`, then the given (name, α) `alphas`) and r_min.
     Prefill, the more sensitive phase, may spend PREFILL_SLACK x what the decode
     profile would cost there: β_prefill >= β_decode, fitted to that."""
     moe_layers = sorted(w_by_layer)
     dec_budget = budget * lat.fixed_time(1, False)
+    shapes = []
+    for slope in slopes:
+        # α falls geometrically over the MoE layers' depth; dense layers take the nearest value
+        a_moe = smooth_alpha(len(moe_layers), math.exp(slope / 2), math.exp(-slope / 2))
+        shapes.append((f"slope={slope:g}", [a_moe[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]
+                                             for il in range(n_layer)]))
+    shapes += list(alphas or [])
     out = []
     for r_min in (0, 1):
-        for slope in slopes:
-            # α falls geometrically over the MoE layers' depth; dense layers take the nearest value
-            a_moe = smooth_alpha(len(moe_layers), math.exp(slope / 2), math.exp(-slope / 2))
-            alpha = [a_moe[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]
-                     for il in range(n_layer)]
+        for label, alpha in shapes:
             base = UmiaProfile(tuple(alpha), 1.0, 1.0, 1.0, r_min, k)
             th_d = _fit_threshold(lat, base, w_by_layer, k, False, dec_budget)
             pre_budget = PREFILL_SLACK * _predicted(lat, UmiaProfile(base.alpha, 1.0, 1.0, th_d, r_min, k),
                                                     w_by_layer, k, True)
             th_p = min(th_d, _fit_threshold(lat, base, w_by_layer, k, True, pre_budget))
             prof = UmiaProfile(tuple(alpha), th_d / th_p, 1.0, th_d, r_min, k, "calibrated")
-            out.append((f"umia slope={slope:g} r_min={r_min}", prof))
+            out.append((f"umia {label} r_min={r_min}", prof))
     return out
 
 
@@ -261,7 +307,8 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
     lat = measure(model, {il: np.ascontiguousarray(v) for il, v in ids_rec.items()},
                   {il: np.ascontiguousarray(w, np.float32) for il, w in w_rec.items()}, progress=progress)
 
-    cands = candidate_profiles(lat, w_rec, cfg.n_layer, k, budget, slopes)
+    sens = layer_sensitivity(cal, w_rec, k, progress=progress)
+    cands = candidate_profiles(lat, w_rec, cfg.n_layer, k, budget, slopes, sensitivity_alphas(sens, cfg.n_layer))
     r_fit = fixed_fit(lat, k, budget)
     rows = []
     best = None
@@ -291,6 +338,7 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
                       "kl_mean": ref.kl_mean},
         "fixed": [{"r": r, "decode_s": lat.fixed_time(r, False), "prefill_s": lat.fixed_time(r, True)}
                   for r in range(k + 1)],
+        "sensitivity": {str(il): v for il, v in sorted(sens.items())},
         "candidates": rows, "expert_frequency": freq,
     }
     _write_json(calibration_path(model.path), record)

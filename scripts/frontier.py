@@ -16,6 +16,9 @@ one process, so that load from other processes on a shared machine falls on all
 settings alike; a low percentile of the step times is kept.
 --budgets runs `calibrate --budget B` for each B ("default": the uncalibrated
 profile); the last one stays cached.
+--kl-base M also scores every setting against model M's full-precision logits
+(same tokenizer): for a pack made from a quantized file, the weights that file
+was quantized from (`-m <bench Q4_K_M> --kl-base bench`).
 """
 from __future__ import annotations
 
@@ -53,10 +56,23 @@ def set_policy(model, policy) -> None:
         e.policy = policy
 
 
-def kl(model, policy, toks, base) -> tuple[float, float]:
+def kl(model, policy, toks, bases: dict) -> dict:
+    """KL and top-1 flip rate of one setting against each base: {"kl", "flip", "kl_<base>", ...}."""
     set_policy(model, policy)
-    d = divergence(base, all_logits(model, toks))
-    return d.kl_mean, 1.0 - d.top1
+    lg = all_logits(model, toks)
+    out = {}
+    for suffix, base in bases.items():
+        d = divergence(base, lg)
+        out[f"kl{suffix}"], out[f"flip{suffix}"] = d.kl_mean, 1.0 - d.top1
+    return out
+
+
+def model_path(name: str):
+    if name == "bench":
+        from rapidmoe.engine.bench import bench_model_path
+
+        return bench_model_path()
+    return resolve_model_path(name)
 
 
 def decode_speeds(model, policies: dict, toks, rounds: int, pct: float) -> dict:
@@ -85,21 +101,24 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=48, help="decode steps per setting for the speed")
     ap.add_argument("--pct", type=float, default=20, help="percentile of step times kept (a shared machine)")
     ap.add_argument("--budgets", default="", help="'default' and/or calibrate budgets, comma-separated")
+    ap.add_argument("--kl-base", default=None, help="also score against this model's full-precision logits")
     ap.add_argument("--json", type=str, default=None, help="also write the table as JSON here")
     args = ap.parse_args()
     kernels.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    if args.model == "bench":
-        from rapidmoe.engine.bench import bench_model_path
-
-        path = bench_model_path()
-    else:
-        path = resolve_model_path(args.model)
+    path = model_path(args.model)
     full = load_model(path, n_ctx=args.tokens)
     toks = held_out_tokens(full, args.offset, args.tokens)
     log(f"full-precision logits over {len(toks)} held-out tokens ...")
-    base = all_logits(full, toks)
+    bases = {"": all_logits(full, toks)}
     del full
+    if args.kl_base:
+        other = load_model(model_path(args.kl_base), n_ctx=args.tokens)
+        if held_out_tokens(other, args.offset, args.tokens) != toks:
+            raise SystemExit("--kl-base must share the model's tokenizer")
+        log(f"full-precision logits of {other.path.name} ...")
+        bases["_base"] = all_logits(other, toks)
+        del other
     # profiles first: calibrate runs in its own process and must not share the CPU with timing
     umia = {}
     for b in [x.strip() for x in args.budgets.split(",") if x.strip()] or ["cached"]:
@@ -118,20 +137,19 @@ def main() -> int:
     k = model.cfg.n_expert_used
     rows = {}
     for r in range(k + 1):
-        rows[f"r={r}"] = dict(zip(("kl", "flip"), kl(model, FixedCritical(r), toks, base)))
+        rows[f"r={r}"] = kl(model, FixedCritical(r), toks, bases)
         log(f"  r={r}: KL {rows[f'r={r}']['kl']:.5f}")
     for name, prof in umia.items():
-        d = kl(model, UmiaPolicy(prof, k, phase="decode"), toks, base)
-        p = kl(model, UmiaPolicy(prof, k), toks, base)
-        rows[name] = {"kl": d[0], "flip": d[1], "kl_prefill_phase": p[0], "flip_prefill_phase": p[1],
-                      "profile": prof.to_json()}
-        log(f"  {name}: KL {d[0]:.5f} (decode phase), {p[0]:.5f} (prefill phase)")
+        d = kl(model, UmiaPolicy(prof, k, phase="decode"), toks, bases)
+        p = kl(model, UmiaPolicy(prof, k), toks, bases)
+        rows[name] = {**d, "kl_prefill_phase": p["kl"], "flip_prefill_phase": p["flip"], "profile": prof.to_json()}
+        log(f"  {name}: KL {d['kl']:.5f} (decode phase), {p['kl']:.5f} (prefill phase)")
     log(f"decode speed: {args.rounds} steps per setting, interleaved ...")
     pols = {**{f"r={r}": FixedCritical(r) for r in range(k + 1)}, **{n: UmiaPolicy(p, k) for n, p in umia.items()}}
     for n, (tps, mr) in decode_speeds(model, pols, toks, args.rounds, args.pct).items():
         rows[n].update(tok_s=tps, mean_r=mr)
     out = [{"setting": n, **v} for n, v in rows.items()]
-    table(out, k, path.name, args.threads, calibration_path(path))
+    table(out, k, path.name, args.threads, calibration_path(path), model_path(args.kl_base).name if args.kl_base else None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -142,29 +160,33 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def dominated_by(row, fixed_rows) -> str:
+def dominated_by(row, fixed_rows, key="kl") -> str:
     for f in fixed_rows:
-        if (f["tok_s"] >= 1.05 * row["tok_s"] and f["kl"] <= row["kl"]) or \
-           (f["kl"] <= row["kl"] / 1.05 and f["tok_s"] >= row["tok_s"]):
+        if (f["tok_s"] >= 1.05 * row["tok_s"] and f[key] <= row[key]) or \
+           (f[key] <= row[key] / 1.05 and f["tok_s"] >= row["tok_s"]):
             return f["setting"]
     return "-"
 
 
-def table(rows, k, name, threads, cal_path) -> None:
+def table(rows, k, name, threads, cal_path, base_name=None) -> None:
     ref = rows[k]
+    keys = [("", "source")] + ([("_base", base_name)] if base_name else [])
     print(f"{name}, CPU, {threads} threads; KL / flip vs full precision on held-out text (auto: decode-phase "
           f"profile); decode speed vs r=k")
-    print(f"{'setting':<24} {'mean r':>6} {'KL':>9} {'KL/KL(k)':>8} {'flip':>7} {'tok/s':>7} {'vs r=k':>7} "
-          f"{'dominated by':>12}")
+    head = "".join(f" {'KL ' + label[:14]:>20} {'/KL(k)':>7} {'flip':>7}" for _, label in keys)
+    print(f"{'setting':<24} {'mean r':>6}{head} {'tok/s':>7} {'vs r=k':>7} {'dominated by':>12}")
     for r in rows:
         dom = dominated_by(r, rows[:k + 1]) if r["setting"].startswith("auto") else ""
-        print(f"{r['setting']:<24} {r['mean_r']:6.2f} {r['kl']:9.5f} {r['kl'] / ref['kl']:8.2f} {r['flip'] * 100:6.2f}% "
-              f"{r['tok_s']:7.2f} {r['tok_s'] / ref['tok_s']:6.2f}x {dom:>12}")
+        cols = "".join(f" {r['kl' + sx]:20.5f} {r['kl' + sx] / ref['kl' + sx]:7.2f} {r['flip' + sx] * 100:6.2f}%"
+                       for sx, _ in keys)
+        print(f"{r['setting']:<24} {r['mean_r']:6.2f}{cols} {r['tok_s']:7.2f} {r['tok_s'] / ref['tok_s']:6.2f}x {dom:>12}")
     for r in rows[k + 1:]:
-        ok = r["kl"] <= 1.2 * ref["kl"] and r["tok_s"] >= 1.15 * ref["tok_s"]
         print(f"{r['setting']}: eval-style (prefill-phase profile) KL {r['kl_prefill_phase']:.5f}, flip "
-              f"{r['flip_prefill_phase'] * 100:.2f}%; not dominated: {dominated_by(r, rows[:k + 1]) == '-'}; "
-              f"KL <= 1.2 x KL(k) at >= 1.15 x the r=k speed: {ok}")
+              f"{r['flip_prefill_phase'] * 100:.2f}%")
+        for sx, label in keys:
+            ok = r["kl" + sx] <= 1.2 * ref["kl" + sx] and r["tok_s"] >= 1.15 * ref["tok_s"]
+            print(f"  against {label}: not dominated: {dominated_by(r, rows[:k + 1], 'kl' + sx) == '-'}; "
+                  f"KL <= 1.2 x KL(k) at >= 1.15 x the r=k speed: {ok}")
     print(f"calibration: {cal_path}")
 
 

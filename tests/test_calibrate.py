@@ -8,8 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from rapidmoe.engine.calibrate import (CALIB_VERSION, _fit_threshold, _predicted, calibrate, calibration_path,
-                                       calibration_text, candidate_profiles, fixed_fit, load_profile)
+from rapidmoe.engine.calibrate import (CALIB_VERSION, Calibrator, _fit_threshold, _predicted, calibrate,
+                                       calibration_path, calibration_text, candidate_profiles, fixed_choose, fixed_fit,
+                                       layer_sensitivity, load_profile, sensitivity_alphas)
 from rapidmoe.engine.latency import LatencyModel
 from rapidmoe.engine.model import load_model
 from rapidmoe.engine.moe.umia import UmiaProfile
@@ -57,6 +58,23 @@ def test_threshold_fit_spends_the_budget_and_no_more():
         assert prof.alpha[0] >= prof.alpha[-1] and prof.r_max == K
 
 
+def test_sensitivity_alphas_are_the_square_root_rule():
+    """α ∝ √s (power 1) or its square root (power 0.5), largest 1; layers without
+    routed experts take the next MoE layer's value."""
+    got = dict(sensitivity_alphas({1: 4.0, 3: 1.0}, 4, powers=(1.0, 0.5)))
+    assert got["sensitivity^1"] == pytest.approx([1.0, 1.0, 0.5, 0.5])
+    assert got["sensitivity^0.5"] == pytest.approx([1.0, 1.0, 0.5 ** 0.5, 0.5 ** 0.5])
+    # measured α's become candidates like the smooth ones: within budget, θ fitted
+    w = _weights()
+    alphas = sensitivity_alphas({0: 9.0, 1: 4.0, 2: 1.0, 3: 1.0}, 4)
+    cands = dict(candidate_profiles(LAT, w, 4, K, 1.25, slopes=(), alphas=alphas))
+    assert sorted(cands) == ["umia sensitivity^0.5 r_min=0", "umia sensitivity^0.5 r_min=1",
+                             "umia sensitivity^1 r_min=0", "umia sensitivity^1 r_min=1"]
+    prof = cands["umia sensitivity^1 r_min=0"]
+    assert prof.alpha == pytest.approx((1.0, 2 / 3, 1 / 3, 1 / 3))
+    assert _predicted(LAT, prof, w, K, False) <= 1.25 * LAT.fixed_time(1, False) + 1e-12
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_synthetic(tmp_path_factory.mktemp("cal") / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=2)
@@ -90,11 +108,31 @@ def test_calibrate_writes_the_record_auto_and_the_planner_read(tiny):
         assert c["kl_mean"] >= 0 and 0 <= c["flip_rate"] <= 1 and 0 <= c["mean_r_decode"] <= 4
         if c["name"] == "fixed r=4":
             assert c["kl_mean"] == 0 and c["flip_rate"] == 0  # r = k again: the reference, bit for bit
+    assert sorted(rec["sensitivity"]) == ["0", "1"]
+    named = {c["name"]: c["profile"]["alpha"] for c in rec["candidates"]}
+    for name, alpha in sensitivity_alphas({int(il): s for il, s in rec["sensitivity"].items()}, 2):
+        assert named[f"umia {name} r_min=0"] == pytest.approx(alpha)
     lat = rec["latency"]
     assert len(lat["decode_layer_s"]) == 5 and all(t > 0 for t in lat["decode_layer_s"])
     prof = load_profile(tiny, m.cfg)
     assert prof.source == "calibrated" and prof.to_json() == rec["profile"]
     assert load_model(tiny, n_ctx=32, critical="auto").net.blocks[0].ffn.experts.policy.profile == prof
+
+
+def test_layer_sensitivity_per_layer_and_grouped(tiny):
+    m = load_model(tiny, n_ctx=32, critical="k")
+    toks = m.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)[:64]
+    cal = Calibrator(m, toks, 32)
+    _, (w, _), _ = cal.run(fixed_choose(4), record=True)
+    per = layer_sensitivity(cal, w, 4)
+    assert sorted(per) == [0, 1] and all(np.isfinite(v) and v > 0 for v in per.values())
+    # one group: both layers at r = k/2 in one pass, which is fixed r = 2 everywhere
+    one = layer_sensitivity(cal, w, 4, groups=1)
+    both, _, _ = cal.run(fixed_choose(2))
+    dropped = sum(float((w[il][:, 2:].astype(np.float64) ** 2).sum(1).mean()) for il in (0, 1))
+    assert one[0] == one[1] == pytest.approx(both.kl_mean / dropped)
+    # a layer alone costs less than both together
+    assert max(per[il] * float((w[il][:, 2:].astype(np.float64) ** 2).sum(1).mean()) for il in (0, 1)) < both.kl_mean
 
 
 def test_calibration_is_keyed_by_the_source_file(tiny, tmp_path):
