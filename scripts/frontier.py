@@ -170,14 +170,15 @@ def dominated_by(row, fixed_rows, key="kl") -> str:
 
 def table(rows, k, name, threads, cal_path, base_name=None) -> None:
     ref = rows[k]
-    keys = [("", "source")] + ([("_base", base_name)] if base_name else [])
+    keys = [("", "source")] + ([("_base", "base")] if base_name else [])
     print(f"{name}, CPU, {threads} threads; KL / flip vs full precision on held-out text (auto: decode-phase "
           f"profile); decode speed vs r=k")
-    head = "".join(f" {'KL ' + label[:14]:>20} {'/KL(k)':>7} {'flip':>7}" for _, label in keys)
+    print(f"full precision: source = {name}" + (f", base = {base_name}" if base_name else ""))
+    head = "".join(f" {'KL ' + label:>10} {'/KL(k)':>7} {'flip':>7}" for _, label in keys)
     print(f"{'setting':<24} {'mean r':>6}{head} {'tok/s':>7} {'vs r=k':>7} {'dominated by':>12}")
     for r in rows:
         dom = dominated_by(r, rows[:k + 1]) if r["setting"].startswith("auto") else ""
-        cols = "".join(f" {r['kl' + sx]:20.5f} {r['kl' + sx] / ref['kl' + sx]:7.2f} {r['flip' + sx] * 100:6.2f}%"
+        cols = "".join(f" {r['kl' + sx]:10.5f} {r['kl' + sx] / ref['kl' + sx]:7.2f} {r['flip' + sx] * 100:6.2f}%"
                        for sx, _ in keys)
         print(f"{r['setting']:<24} {r['mean_r']:6.2f}{cols} {r['tok_s']:7.2f} {r['tok_s'] / ref['tok_s']:6.2f}x {dom:>12}")
     for r in rows[k + 1:]:
