@@ -211,6 +211,12 @@ def layer_sensitivity(cal: "Calibrator", w_by_layer: dict, k: int, progress=None
     return out
 
 
+def _per_layer(values, moe_layers: list, n_layer: int) -> list[float]:
+    """One value per MoE layer -> one per layer index: a layer without routed
+    experts takes the next MoE layer's value (the last one's past the end)."""
+    return [float(values[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]) for il in range(n_layer)]
+
+
 def sensitivity_alphas(sens: dict, n_layer: int, powers=SENSITIVITY_POWERS) -> list[tuple[str, list[float]]]:
     """(name, α per layer index) from measured sensitivities: α = (√s / max √s)^p."""
     layers = sorted(sens)
@@ -218,12 +224,7 @@ def sensitivity_alphas(sens: dict, n_layer: int, powers=SENSITIVITY_POWERS) -> l
         return []
     root = np.sqrt(np.maximum([sens[il] for il in layers], 1e-12))
     root /= root.max()
-    out = []
-    for p in powers:
-        a = root ** p
-        alpha = [float(a[int(np.searchsorted(layers, il).clip(0, len(layers) - 1))]) for il in range(n_layer)]
-        out.append((f"sensitivity^{p:g}", alpha))
-    return out
+    return [(f"sensitivity^{p:g}", _per_layer(root ** p, layers, n_layer)) for p in powers]
 
 
 # ---- the search ----
@@ -260,11 +261,9 @@ def candidate_profiles(lat: LatencyModel, w_by_layer: dict, n_layer: int, k: int
     moe_layers = sorted(w_by_layer)
     dec_budget = budget * lat.fixed_time(1, False)
     shapes = []
-    for slope in slopes:
-        # α falls geometrically over the MoE layers' depth; dense layers take the nearest value
+    for slope in slopes:  # α falls geometrically over the MoE layers' depth
         a_moe = smooth_alpha(len(moe_layers), math.exp(slope / 2), math.exp(-slope / 2))
-        shapes.append((f"slope={slope:g}", [a_moe[int(np.searchsorted(moe_layers, il).clip(0, len(moe_layers) - 1))]
-                                             for il in range(n_layer)]))
+        shapes.append((f"slope={slope:g}", _per_layer(a_moe, moe_layers, n_layer)))
     shapes += list(alphas or [])
     out = []
     for r_min in (0, 1):
