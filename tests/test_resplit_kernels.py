@@ -5,7 +5,8 @@ float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
 The SIMD paths run WQ, WR and D4 on int8 activations (per 32: sx = max|x|/127,
 rint(x/sx)); their reference applies the same rounding to x (oracle q8_activations), so
-the bound holds. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
+the bound holds. With AVX-512 VNNI, non-critical experts of a single token run WQ on
+6-bit activations (sx = max|x|/31), and their reference rounds x and h the same way. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
 groups of that many tokens or more use weights requantized by the same rule (WQ + WR
 summed first for critical gate/up), and so does their reference.
 """
@@ -26,6 +27,10 @@ def close(y, ref):
 
 def wq_x(x):
     return x if kernels.isa_info()["active"] == "scalar" else o.q8_activations(x)
+
+
+def z_x(x):
+    return o.q8_activations(x, 31)
 
 
 def wr_x(x):
@@ -69,12 +74,14 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
                 down = ("d4", L["down4"][e], F) if crit else ("wq", L["down_q"][e], F)
                 out[t] += wts[t, j] * (w8(down) @ o.q8_activations(h))
                 continue
-            xq = wq_x(x[t]).astype(np.float64)
+            # non-critical experts of one token run WQ on 6-bit z activations where they exist
+            ax = z_x if (not crit and groups[(e, crit)] == 1 and kernels.isa_info()["wq_z"]) else wq_x
+            xq = ax(x[t]).astype(np.float64)
             xr = wr_x(x[t]).astype(np.float64)
             g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ xr if crit else 0)
             u = deq("wq", L["up_q"][e], H) @ xq + (deq("wr", L["up_r"][e], H) @ xr if crit else 0)
             h = (silu(g) * u).astype(np.float32)
-            y = deq("d4", L["down4"][e], F) @ wq_x(h) if crit else deq("wq", L["down_q"][e], F) @ wq_x(h)
+            y = deq("d4", L["down4"][e], F) @ wq_x(h) if crit else deq("wq", L["down_q"][e], F) @ ax(h)
             out[t] += wts[t, j] * y
     return out
 
@@ -129,6 +136,16 @@ def check_all(seed=0):
     nc = dict(L, gate_r=None, up_r=None, down4=None)  # WQ-only layer needs no residual tensors
     close(kernels.resplit_moe_forward(x, ids, wts, np.zeros(T, np.int32), **nc),
           moe_reference(L, x, ids, wts, np.zeros(T, np.int32), H, F))
+    # decode (one token): odd widths, so row groups end in 4, 2 and single rows and blocks
+    # in partial groups of 8; every critical count
+    E, H, F, k = 7, 99, 45, 4
+    L = make_layer(rng, E, H, F)
+    x = rng.standard_normal((1, H)).astype(np.float32)
+    ids = rng.permutation(E)[None, :k].astype(np.int32)
+    wts = rng.random((1, k)).astype(np.float32)
+    for r in range(k + 1):
+        ncrit = np.array([r], np.int32)
+        close(kernels.resplit_moe_forward(x, ids, wts, ncrit, **L), moe_reference(L, x, ids, wts, ncrit, H, F))
 
 
 def test_kernels_active_path():

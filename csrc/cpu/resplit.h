@@ -88,6 +88,17 @@ RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
+// The decode rows of non-critical experts run WQ on coarser "z" activations where
+// AVX-512 VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
+// stored as z_j = 3 xq_j - xq_{j-1} over the 6 digit states (|z| <= 124), so the kernel
+// takes 6 byte products per weight byte instead of 10. WQ's own error (~0.2 of the
+// weight's energy) dwarfs the ~1e-3 of the 6-bit rounding; critical rows keep int8.
+//   per 8 blocks 128 floats: int8 z[6][8 blocks][8 lanes] (lanes as the int8 layout),
+//   float sx[16] (lanes 2b, 2b+1 = sx_b), float c[16] (lane 2b = sx_b * sum(xq_b)).
+bool wq_z_acts();
+size_t prep_floats_wq_z(size_t n);
+void prep_wq_z(const float* x /*[n]*/, size_t n, float* out /*[prep_floats_wq_z]*/);
+void rows_dot_wq_z_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 // Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR by byte-table lookups,
 // and D4 with its blocks gathered by byte permutes.
 bool vbmi_kernels();
@@ -120,6 +131,7 @@ struct GemmJob {
   const float* xp;       // [*, prep_floats(fmt, in_dim)]
   float* y;              // [*, out_dim]
   bool accumulate;
+  bool z = false;        // WQ on z activations (xp by prep_wq_z; wq_z_acts() only)
 };
 void run_jobs(const GemmJob* jobs, size_t nj);
 
@@ -168,7 +180,7 @@ const I8Isa* i8_isa_avx2();
 
 // 32 activations (n < 32: zero padded) -> int8 per the rule above; returns sum(q).
 int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx);
-int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx);
+int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);  // 31: z activations
 
 // h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
 void silu_mul(const float* g, const float* u, size_t n, float* h);

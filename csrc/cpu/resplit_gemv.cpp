@@ -113,6 +113,43 @@ void prep_wr_q8(const float* x, size_t n, float* out) {
 
 bool wr_int8_acts() { return int8_acts(); }
 
+bool wq_z_acts() {
+#if RMOE_X86
+  static const bool v = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
+  return v;
+#else
+  return false;
+#endif
+}
+
+size_t prep_floats_wq_z(size_t n) { return ((n + 31) / 32 + 7) / 8 * 128; }
+
+void prep_wq_z(const float* x, size_t n, float* out) {
+  const size_t nb = (n + 31) / 32;
+  std::memset(out, 0, prep_floats_wq_z(n) * sizeof(float));
+#if RMOE_X86
+  for (size_t b = 0; b < nb; ++b) {
+    int8_t q[32];
+    float sx;
+    const int sum = q8_block_avx512(x + 32 * b, n - 32 * b, q, &sx, 31.f);
+    float* g = out + (b / 8) * 128;
+    int8_t* z = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
+    for (int j = 0; j < 7; ++j) {  // lane j: x of digit i (lane 7 and lane 6 from digit 2 on are 0)
+      int prev = 0;
+      for (int i = 0; i < 6; ++i) {
+        const int xi = i == 5 ? 0 : j < 6 ? q[6 * i + j] : i < 2 ? q[30 + i] : 0;
+        z[64 * i + j] = (int8_t)(3 * xi - prev);
+        prev = xi;
+      }
+    }
+    g[96 + 2 * (b % 8)] = g[96 + 2 * (b % 8) + 1] = sx;
+    g[112 + 2 * (b % 8)] = sx * (float)sum;
+  }
+#else
+  (void)x; (void)nb;
+#endif
+}
+
 size_t prep_floats(Fmt fmt, size_t n) {
   switch (fmt) {
     case Fmt::WQ: return int8_acts() ? ((n + 31) / 32 + 7) / 8 * 112 : ((n + 31) / 32 + 1) / 2 * 80;
@@ -256,16 +293,17 @@ void run_jobs(const GemmJob* jobs, size_t nj) {
       const size_t nt = (size_t)std::max<int64_t>(g.ntok[s], 0);
       if (nt == 0) continue;
       const size_t bl = g.fmt == Fmt::WR ? 64 : 32, nb = (g.in_dim + bl - 1) / bl;
-      const size_t rb = row_bytes(g.fmt, g.in_dim), pf = prep_floats(g.fmt, g.in_dim);
+      const size_t rb = row_bytes(g.fmt, g.in_dim), pf = g.z ? prep_floats_wq_z(g.in_dim) : prep_floats(g.fmt, g.in_dim);
       const uint8_t* w = g.W + ((size_t)g.ids[s] * g.out_dim + o0) * rb;
       const float* xs = g.xp + (size_t)g.xoff[s] * pf;
       float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o0;
-      const RowsDotFn rows = nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
+      // Rows kernels take one token (z: every token of the slot, one at a time).
+      const RowsDotFn rows = g.z ? rows_dot_wq_z_avx512 : nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
       const RowDotFn one = row_dot_fn(g.fmt);
-      const size_t tt = g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
+      const size_t tt = rows ? 1 : g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
       for (size_t t0 = 0; t0 < nt; t0 += tt) {  // tmp holds [rows][tokens]
         const size_t tn = std::min(tt, nt - t0);
-        if (rows) rows(w, rb, no, nb, xs, tmp);
+        if (rows) rows(w, rb, no, nb, xs + t0 * pf, tmp);
         else
           for (size_t o = 0; o < no; ++o) one(w + o * rb, nb, xs + t0 * pf, pf, tn, tmp + o * tn, 1);
         for (size_t o = 0; o < no; ++o)

@@ -1,7 +1,7 @@
 // AVX-512 fused decode x activation kernels of the resplit formats. Called only
 // when isa.cpp reports AVX-512 F/BW/VL/DQ and OS ZMM state. In prefill up to 16
 // (WQ) or 8 (D4) tokens share each decoded register; one token is the decode GEMV,
-// where WQ takes four rows at a time (wq_rows_vnni). WR and the VBMI variant of D4
+// where WQ takes up to eight rows at a time (wq_rows_vnni). WR and the VBMI variant of D4
 // are in resplit_vbmi.cpp.
 #include "isa.h"
 #include "resplit.h"
@@ -69,47 +69,91 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
 }
-// WQ decode GEMV (one token) of R rows at once with VNNI, without extracting digits:
-// the digit of state u is d = (3u - u') / 256 with u' = 3u mod 256 the next state, so
-// sum_i d_i x_i = (3 sum u_i x_i - sum u'_i x_i) / 256, two dot products of whole
-// bytes (u < 256 times int8 x: exact in int32) instead of a compare chain per digit.
-// The rows share each activation load; their sums are reduced together.
-template <int R>
+// WQ decode GEMV (one token) of 2*NP rows at once with VNNI, without extracting digits.
+// The digit of state u is d = (3u - u') / 256 with u' = 3u mod 256 the next state, so
+// 256 sum_i d_i x_i is a sum of whole-byte products (u < 256 times int8: exact in int32):
+//  - int8 activations (prep_wq_q8, Z = false): 3 sum_i u_i x_i - sum_i u_{i+1} x_i;
+//  - z activations (prep_wq_z, Z = true): sum_j u_j z_j over the states u_0..u_5 with
+//    z_j = 3 x_j - x_{j-1} prepared (x of 6 bits keeps |z| <= 124): 6 products, not 10.
+// The rows share each activation load. A pair of rows shares one scale decode and one
+// float conversion: each row's two int32 lanes of a block are summed into one lane of
+// a register that holds the pair's 16 blocks (lane b: first row, 8 + b: second row).
+template <int NP, bool Z>
 void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  constexpr int S = Z ? 6 : 5;        // activation registers per 8 blocks
+  constexpr size_t G = Z ? 128 : 112;  // floats per 8 blocks: S * 16, then sx[16], c[16]
   const __m512i keep = _mm512_set1_epi64(0x00F0FFFFFFFFFFFFll);
   const __m512i hi9 = _mm512_set1_epi16((short)0xFF80);  // ternlog selector: (A & hi9) | (B & ~hi9)
-  const __m512i scale_lanes = _mm512_setr_epi32(0x00030003, 0x00070007, 0x000B000B, 0x000F000F, 0x00130013, 0x00170017,
-                                                0x001B001B, 0x001F001F, 0, 0, 0, 0, 0, 0, 0, 0);
+  // 16-bit lane 4b+3 (bytes 6, 7 of block b) of the first row, then of the second (+32)
+  const __m512i scale_lanes = _mm512_setr_epi32(0x00070003, 0x000F000B, 0x00170013, 0x001F001B, 0x00270023,
+                                                0x002F002B, 0x00370033, 0x003F003B, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i twice = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);  // lane 2b -> b, 8+b
   const __m512 inv256 = _mm512_set1_ps(1.0f / 256.0f);
-  __m512 tot[R];
-  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+  __m512 tot[NP];
+  for (int p = 0; p < NP; ++p) tot[p] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; b += 8) {
     const size_t nbl = nb - b < 8 ? nb - b : 8;
     const __mmask64 lm = nbl == 8 ? ~0ull : (1ull << (8 * nbl)) - 1;
-    const float* g = xp + (b / 8) * 112;
-    __m512i xq[5];
-    for (int i = 0; i < 5; ++i) xq[i] = _mm512_loadu_si512(g + 16 * i);
-    const __m512 sx = _mm512_mul_ps(_mm512_loadu_ps(g + 80), inv256), c = _mm512_loadu_ps(g + 96);
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* qr = q + r * rb + 8 * b;
-      _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T0);  // these blocks 8 rows on (the next row group)
-      const __m512i raw = _mm512_maskz_loadu_epi8(lm, qr);
-      // 16-bit lane 4b+3 holds bytes 6, 7 of block b: f16 bits (b7 << 7) | ((b6 & 15) << 3)
-      // = (lane >> 1) & 0xFF80 | (lane << 3) & 0x7F, then to lanes 2b, 2b+1
-      const __m512i h = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 1), _mm512_slli_epi16(raw, 3), hi9, 0xE4);
-      const __m512 dq = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_lanes, h)));
-      __m512i u = _mm512_and_si512(raw, keep), P = _mm512_setzero_si512(), Q = _mm512_setzero_si512();
-      for (int i = 0; i < 5; ++i) {
-        const __m512i un = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
-        P = _mm512_dpbusd_epi32(P, u, xq[i]);
-        Q = _mm512_dpbusd_epi32(Q, un, xq[i]);
-        u = un;
+    const float* g = xp + (b / 8) * G;
+    __m512i xq[S];
+    for (int i = 0; i < S; ++i) xq[i] = _mm512_loadu_si512(g + 16 * i);
+    const __m512 sx = _mm512_permutexvar_ps(twice, _mm512_mul_ps(_mm512_loadu_ps(g + 16 * S), inv256));
+    const __m512 c = _mm512_permutexvar_ps(twice, _mm512_loadu_ps(g + 16 * S + 16));
+    for (int p = 0; p < NP; ++p) {
+      __m512i raw[2], a[2];
+      for (int k = 0; k < 2; ++k) {
+        const uint8_t* qr = q + (2 * p + k) * rb + 8 * b;
+        _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T0);  // these blocks 8 rows on (the next row group)
+        raw[k] = _mm512_maskz_loadu_epi8(lm, qr);
+        __m512i u = _mm512_and_si512(raw[k], keep);
+        if (Z) {
+          __m512i A = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq[0]), B = _mm512_setzero_si512();
+          for (int i = 1; i < S; ++i) {
+            u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
+            if (i & 1) B = _mm512_dpbusd_epi32(B, u, xq[i]);
+            else A = _mm512_dpbusd_epi32(A, u, xq[i]);
+          }
+          a[k] = _mm512_add_epi32(A, B);
+        } else {
+          __m512i P = _mm512_setzero_si512(), Q = _mm512_setzero_si512();
+          for (int i = 0; i < S; ++i) {
+            const __m512i un = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
+            P = _mm512_dpbusd_epi32(P, u, xq[i]);
+            Q = _mm512_dpbusd_epi32(Q, un, xq[i]);
+            u = un;
+          }
+          a[k] = _mm512_sub_epi32(_mm512_add_epi32(P, _mm512_add_epi32(P, P)), Q);
+        }
       }
-      const __m512i a = _mm512_sub_epi32(_mm512_add_epi32(P, _mm512_add_epi32(P, P)), Q);  // 256 * sum d x
-      tot[r] = _mm512_fmadd_ps(dq, _mm512_fmsub_ps(_mm512_cvtepi32_ps(a), sx, c), tot[r]);
+      // f16 scale bits (b7 << 7) | ((b6 & 15) << 3) = (lane >> 1) & 0xFF80 | (lane << 3) & 0x7F
+      const __m512i sc = _mm512_permutex2var_epi16(raw[0], scale_lanes, raw[1]);
+      const __m512i h = _mm512_ternarylogic_epi32(_mm512_srli_epi16(sc, 1), _mm512_slli_epi16(sc, 3), hi9, 0xE4);
+      const __m512 dq = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+      const __m512i ab = _mm512_add_epi32(_mm512_permutex2var_epi32(a[0], even, a[1]),
+                                          _mm512_permutex2var_epi32(a[0], odd, a[1]));  // 256 * sum d x per block
+      tot[p] = _mm512_fmadd_ps(dq, _mm512_fmsub_ps(_mm512_cvtepi32_ps(ab), sx, c), tot[p]);
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+  for (int p = 0; p < NP; ++p) {
+    y[2 * p] = _mm512_mask_reduce_add_ps(0x00FF, tot[p]);
+    y[2 * p + 1] = _mm512_mask_reduce_add_ps(0xFF00, tot[p]);
+  }
+}
+
+// Rows 8, 4, 2 at a time; a last odd row is paired with itself.
+template <bool Z>
+void wq_rows(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  size_t r = 0;
+  for (; r + 8 <= nr; r += 8) wq_rows_vnni<4, Z>(q + r * rb, rb, nb, xp, y + r);
+  if (r + 4 <= nr) { wq_rows_vnni<2, Z>(q + r * rb, rb, nb, xp, y + r); r += 4; }
+  if (r + 2 <= nr) { wq_rows_vnni<1, Z>(q + r * rb, rb, nb, xp, y + r); r += 2; }
+  if (r < nr) {
+    float two[2];
+    wq_rows_vnni<1, Z>(q + r * rb, 0, nb, xp, two);
+    y[r] = two[0];
+  }
 }
 
 template <int NT>
@@ -198,15 +242,15 @@ RMOE_TILED(row_dot_d4_bw, d4_tile_bw)
 
 }  // namespace
 
-// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/127,
-// q = rint(x * 127/max|x|); returns sum(q).
-int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx) {
+// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/L,
+// q = rint(x * L/max|x|) with L = levels (127; 31 for z activations); returns sum(q).
+int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   const __mmask16 ma = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
   const __mmask16 mb = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
   const __m512 a = _mm512_maskz_loadu_ps(ma, x), b = _mm512_maskz_loadu_ps(mb, x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  *sx = amax / 127.0f;
-  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
+  *sx = amax / levels;
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? levels / amax : 0.f);
   const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
@@ -250,9 +294,14 @@ void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const
     std::fputs("rapidmoe: internal error: a VNNI kernel was selected without AVX-512 VNNI\n", stderr);
     std::abort();
   }
-  size_t r = 0;
-  for (; r + 4 <= nr; r += 4) wq_rows_vnni<4>(q + r * rb, rb, nb, xp, y + r);
-  for (; r < nr; ++r) wq_rows_vnni<1>(q + r * rb, rb, nb, xp, y + r);
+  wq_rows<false>(q, rb, nr, nb, xp, y);
+}
+void rows_dot_wq_z_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  if (!cpu_features().avx512vnni) {
+    std::fputs("rapidmoe: internal error: a VNNI kernel was selected without AVX-512 VNNI\n", stderr);
+    std::abort();
+  }
+  wq_rows<true>(q, rb, nr, nb, xp, y);
 }
 void row_dot_wr_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   (vbmi_kernels() ? row_dot_wr_vbmi : row_dot_wr_avx2)(q, nb, xp, xs, T, y, ys);
@@ -278,6 +327,7 @@ void row_dot_d4_avx512(const uint8_t* q, size_t nb, const float* xp, size_t xs, 
   row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
 }
 void rows_dot_wq_avx512(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void rows_dot_wq_z_avx512(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -63,11 +63,13 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   }
   const size_t N = rows.size();
   // Groups of many tokens take the int8 GEMM where it runs (resplit_i8.cpp); the
-  // others (all of decode) the per-row kernels, whose activations are prepared per format.
-  const bool i8 = i8_gemm_available();
-  std::vector<int32_t> sid, bcid, scid, bnid, snid;  // small: all, critical, non-critical; big: critical, not
-  std::vector<int64_t> soff, scnt, bcoff, bccnt, scoff, sccnt, bnoff, bncnt, snoff, sncnt;
-  std::vector<char> rbig(N, 0);  // per gathered row
+  // others (all of decode) the per-row kernels, whose activations are prepared per
+  // format. Non-critical groups of one token run WQ on z activations where they exist.
+  const bool i8 = i8_gemm_available(), zq = wq_z_acts();
+  // small: WQ on int8 (critical or several tokens), critical, non-critical (int8), z; big: critical, not
+  std::vector<int32_t> sid, scid, snid, zid, bcid, bnid;
+  std::vector<int64_t> soff, scnt, scoff, sccnt, snoff, sncnt, zoff, zcnt, bcoff, bccnt, bnoff, bncnt;
+  std::vector<char> rbig(N, 0), rz(N, 0);  // per gathered row
   for (size_t g = 0; g < gid.size(); ++g) {
     auto add = [&](std::vector<int32_t>& id, std::vector<int64_t>& off, std::vector<int64_t>& cnt) {
       id.push_back(gid[g]); off.push_back(goff[g]); cnt.push_back(gcnt[g]);
@@ -76,15 +78,18 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
     if (i8 && gcnt[g] >= (int64_t)kI8MinTokens) {
       c ? add(bcid, bcoff, bccnt) : add(bnid, bnoff, bncnt);
       std::fill(rbig.begin() + goff[g], rbig.begin() + goff[g] + gcnt[g], 1);
+    } else if (zq && !c && gcnt[g] == 1) {
+      add(zid, zoff, zcnt);
+      rz[(size_t)goff[g]] = 1;
     } else {
       add(sid, soff, scnt);
       c ? add(scid, scoff, sccnt) : add(snid, snoff, sncnt);
     }
   }
-  const bool any_small = !sid.empty(), any_big = !bcid.empty() || !bnid.empty();
+  const bool any_small = !sid.empty(), any_z = !zid.empty(), any_big = !bcid.empty() || !bnid.empty();
   const bool small_crit = !scid.empty();
-  const size_t pq = prep_floats(Fmt::WQ, H), pr = prep_floats(Fmt::WR, H);
-  const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F);
+  const size_t pq = prep_floats(Fmt::WQ, H), pr = prep_floats(Fmt::WR, H), pz = any_z ? prep_floats_wq_z(H) : 0;
+  const size_t hq = prep_floats(Fmt::WQ, F), h4 = prep_floats(Fmt::D4, F), hz = any_z ? prep_floats_wq_z(F) : 0;
   const size_t nbH = (H + 31) / 32, nbF = (F + 31) / 32;
   const size_t abH = any_big ? i8_act_bytes(H) : 0, abF = any_big ? i8_act_bytes(F) : 0;
   Scratch scratch;
@@ -94,11 +99,13 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t oHQ = scratch.add<float>(any_small ? N * hq : 0), oH4 = scratch.add<float>(small_crit ? N * h4 : 0);
   const size_t oXS = scratch.add<float>(any_big ? T * nbH : 0), oHS = scratch.add<float>(any_big ? N * nbF : 0);
   const size_t oTQ = scratch.add<float>(any_small ? T * pq : 0), oTR = scratch.add<float>(small_crit ? T * pr : 0);
+  const size_t oXZ = scratch.add<float>(N * pz), oTZ = scratch.add<float>(T * pz), oHZ = scratch.add<float>(N * hz);
   const size_t oXU = scratch.add<uint8_t>(T * abH), oHU = scratch.add<uint8_t>(N * abF);
   uint8_t* base = scratch.commit();
   auto at = [&](size_t o) { return reinterpret_cast<float*>(base + o); };
   float *XQ = at(oXQ), *XR = at(oXR), *G = at(oG), *U = at(oU), *Y = at(oY), *GR = at(oGR), *UR = at(oUR);
   float *HQ = at(oHQ), *H4 = at(oH4), *XS = at(oXS), *HS = at(oHS), *TQ = at(oTQ), *TR = at(oTR);
+  float *XZ = at(oXZ), *TZ = at(oTZ), *HZ = at(oHZ);
   uint8_t *XU = base + oXU, *HU = base + oHU;
   std::vector<int32_t> tok(N);
   for (size_t r = 0; r < N; ++r) tok[r] = (int32_t)(rows[r] / (int64_t)k);
@@ -108,11 +115,16 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
     for (size_t t = b; t < e; ++t) {
       if (any_small) prep_x(Fmt::WQ, x + t * H, H, &TQ[t * pq]);
       if (small_crit) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
+      if (any_z) prep_wq_z(x + t * H, H, &TZ[t * pz]);
       if (any_big) prep_i8(x + t * H, H, &XU[t * abH], &XS[t * nbH]);
     }
   }, 4);
   for (size_t r = 0; r < N; ++r) {
     if (rbig[r]) continue;
+    if (rz[r]) {
+      std::memcpy(&XZ[r * pz], &TZ[(size_t)tok[r] * pz], pz * sizeof(float));
+      continue;
+    }
     std::memcpy(&XQ[r * pq], &TQ[(size_t)tok[r] * pq], pq * sizeof(float));
     if (crit[r]) std::memcpy(&XR[r * pr], &TR[(size_t)tok[r] * pr], pr * sizeof(float));
   }
@@ -122,6 +134,10 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   if (any_small) {
     jobs.push_back({Fmt::WQ, w.gate_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ, G, false});
     jobs.push_back({Fmt::WQ, w.up_q, F, H, sid.data(), soff.data(), scnt.data(), sid.size(), XQ, U, false});
+  }
+  if (any_z) {
+    jobs.push_back({Fmt::WQ, w.gate_q, F, H, zid.data(), zoff.data(), zcnt.data(), zid.size(), XZ, G, false, true});
+    jobs.push_back({Fmt::WQ, w.up_q, F, H, zid.data(), zoff.data(), zcnt.data(), zid.size(), XZ, U, false, true});
   }
   if (small_crit) {
     jobs.push_back({Fmt::WR, w.gate_r, F, H, scid.data(), scoff.data(), sccnt.data(), scid.size(), XR, GR, false});
@@ -148,14 +164,16 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
         for (size_t i = 0; i < F; ++i) { g[i] += GR[r * F + i]; u[i] += UR[r * F + i]; }
       silu_mul(g, u, F, hrow.data());
       if (rbig[r]) prep_i8(hrow.data(), F, &HU[r * abF], &HS[r * nbF]);
+      else if (rz[r]) prep_wq_z(hrow.data(), F, &HZ[r * hz]);
       else if (crit[r]) prep_x(Fmt::D4, hrow.data(), F, &H4[r * h4]);
       else prep_x(Fmt::WQ, hrow.data(), F, &HQ[r * hq]);
     }
   }, 16);
-  // 4. down: D4 for critical rows, WQ for the others
+  // 4. down: D4 for critical rows, WQ for the others (z where gate/up were)
   jobs.clear();
   if (small_crit) jobs.push_back({Fmt::D4, w.down4, H, F, scid.data(), scoff.data(), sccnt.data(), scid.size(), H4, Y, false});
   if (!snid.empty()) jobs.push_back({Fmt::WQ, w.down_q, H, F, snid.data(), snoff.data(), sncnt.data(), snid.size(), HQ, Y, false});
+  if (any_z) jobs.push_back({Fmt::WQ, w.down_q, H, F, zid.data(), zoff.data(), zcnt.data(), zid.size(), HZ, Y, false, true});
   run_jobs(jobs.data(), jobs.size());
   ij.clear();
   i8job(Fmt::D4, w.down4, Fmt::D4, nullptr, H, F, bcid, bcoff, bccnt, nullptr, HU, HS, Y);

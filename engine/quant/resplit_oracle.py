@@ -364,8 +364,11 @@ def dequantize_d4(q: np.ndarray, n: int) -> np.ndarray:
     return w.reshape(*shape[:-1], nb * 32)[..., :n]
 
 
-def q8_activations(x: np.ndarray) -> np.ndarray:
-    """x as the SIMD WQ and D4 kernels see it: per 32 values sx*rint(x*127/max|x|), sx = max|x|/127."""
+def q8_activations(x: np.ndarray, levels: int = 127) -> np.ndarray:
+    """x as the SIMD WQ and D4 kernels see it: per 32 values sx*rint(x*L/max|x|), sx = max|x|/L.
+
+    L = 127 (int8); 31 for the z activations of non-critical decode rows (isa_info()["wq_z"]).
+    """
     x = np.asarray(x, np.float32)
     n = x.shape[-1]
     pad = np.zeros(x.shape[:-1] + (-(-n // 32) * 32,), np.float32)
@@ -373,8 +376,8 @@ def q8_activations(x: np.ndarray) -> np.ndarray:
     b = pad.reshape(*x.shape[:-1], -1, 32)
     amax = np.abs(b).max(-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, _F32(127) / amax, _F32(0)).astype(np.float32)
-    xh = (amax / _F32(127)) * np.rint(b * inv)
+        inv = np.where(amax > 0, _F32(levels) / amax, _F32(0)).astype(np.float32)
+    xh = (amax / _F32(levels)) * np.rint(b * inv)
     return xh.reshape(pad.shape)[..., :n]
 
 
