@@ -6,11 +6,13 @@ text and decode tokens/s.
     python scripts/frontier.py -m bench --threads 2 --budgets 1.15,1.25
     python scripts/frontier.py -m demo --threads 2 --budgets default,1.25
 
-KL is computed as `eval --kl-base` does (engine/evaluate.py: all_logits, then
-divergence against the full-precision logits of the same tokens), on tokens of
-assets/calibration.txt after the part calibrate reads. UMIA is scored with its
-decode-phase profile (each token as a generated token sees it; the
-prefill-phase figure, what `eval --critical auto` reports, is printed too).
+KL is the divergence against the full-precision logits of the same tokens (as
+`eval --kl-base` computes it), on tokens of assets/calibration.txt after the part
+calibrate reads. Every setting's logits come from decode steps, one token at a
+time, so they carry the decode kernels' numerics (prefill runs other kernels);
+UMIA is scored with its decode-phase profile, as a generated token sees it. The
+prefill-phase figure, what `eval --critical auto` reports (one batched forward),
+is printed too.
 Decode speed: whole decode steps of every setting interleaved round by round in
 one process, so that load from other processes on a shared machine falls on all
 settings alike; a low percentile of the step times is kept.
@@ -56,10 +58,16 @@ def set_policy(model, policy) -> None:
         e.policy = policy
 
 
-def kl(model, policy, toks, bases: dict) -> dict:
+def decode_logits(model, toks) -> np.ndarray:
+    """Logits after each token, the tokens fed one decode step at a time."""
+    cache = model.net.new_cache(len(toks))
+    return np.stack([model.net.forward(torch.tensor([t]), i, cache).numpy()[-1] for i, t in enumerate(toks)])
+
+
+def kl(model, policy, toks, bases: dict, decode: bool = True) -> dict:
     """KL and top-1 flip rate of one setting against each base: {"kl", "flip", "kl_<base>", ...}."""
     set_policy(model, policy)
-    lg = all_logits(model, toks)
+    lg = decode_logits(model, toks) if decode else all_logits(model, toks)
     out = {}
     for suffix, base in bases.items():
         d = divergence(base, lg)
@@ -141,7 +149,7 @@ def main() -> int:
         log(f"  r={r}: KL {rows[f'r={r}']['kl']:.5f}")
     for name, prof in umia.items():
         d = kl(model, UmiaPolicy(prof, k, phase="decode"), toks, bases)
-        p = kl(model, UmiaPolicy(prof, k), toks, bases)
+        p = kl(model, UmiaPolicy(prof, k), toks, bases, decode=False)
         rows[name] = {**d, "kl_prefill_phase": p["kl"], "flip_prefill_phase": p["flip"], "profile": prof.to_json()}
         log(f"  {name}: KL {d['kl']:.5f} (decode phase), {p['kl']:.5f} (prefill phase)")
     log(f"decode speed: {args.rounds} steps per setting, interleaved ...")
