@@ -164,18 +164,19 @@ def resplit_dequantize(fmt: str, q: np.ndarray, n: int) -> np.ndarray:
 
 
 def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray, x: np.ndarray,
-                          counts: np.ndarray | None = None) -> np.ndarray:
+                          counts: np.ndarray | None = None, z: bool = False) -> np.ndarray:
     """Batched over experts: w [E, out, row_bytes]; ids [S]; x [N, in_dim] -> y [N, out].
 
     Rows of x come grouped by slot: counts[s] consecutive rows use expert ids[s]
     (default: one row per slot, the decode case). The SIMD paths run 'wq' and 'd4'
     on int8 activations (per 32 values, see resplit_oracle.q8_activations); 'wr'
-    and the scalar path use float32.
+    and the scalar path use float32. z: 'wq' on the 6-bit z activations of the MoE
+    layer's non-critical rows, where they exist (isa_info()["wq_z"]).
     """
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     counts = np.ones(len(ids), np.int64) if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
     return _cpu.resplit_expert_matmul(fmt, np.ascontiguousarray(w, dtype=np.uint8), int(in_dim), ids, counts,
-                                      np.ascontiguousarray(x, dtype=np.float32))
+                                      np.ascontiguousarray(x, dtype=np.float32), bool(z))
 
 
 def resplit_moe_forward(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, ncrit: np.ndarray,

@@ -5,7 +5,7 @@ float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
 The SIMD paths run WQ, WR and D4 on int8 activations (per 32: sx = max|x|/127,
 rint(x/sx)); their reference applies the same rounding to x (oracle q8_activations), so
-the bound holds. With AVX-512 VNNI, non-critical experts of a single token run WQ on
+the bound holds. With AVX-512 VNNI, non-critical rows outside the int8 GEMM run WQ on
 6-bit activations (sx = max|x|/31), and their reference rounds x and h the same way. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
 groups of that many tokens or more use weights requantized by the same rule (WQ + WR
 summed first for critical gate/up), and so does their reference.
@@ -74,8 +74,8 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
                 down = ("d4", L["down4"][e], F) if crit else ("wq", L["down_q"][e], F)
                 out[t] += wts[t, j] * (w8(down) @ o.q8_activations(h))
                 continue
-            # non-critical experts of one token run WQ on 6-bit z activations where they exist
-            ax = z_x if (not crit and groups[(e, crit)] == 1 and kernels.isa_info()["wq_z"]) else wq_x
+            # non-critical rows outside the int8 GEMM run WQ on 6-bit z activations where they exist
+            ax = z_x if (not crit and kernels.isa_info()["wq_z"]) else wq_x
             xq = ax(x[t]).astype(np.float64)
             xr = wr_x(x[t]).astype(np.float64)
             g = deq("wq", L["gate_q"][e], H) @ xq + (deq("wr", L["gate_r"][e], H) @ xr if crit else 0)
@@ -110,6 +110,10 @@ def check_all(seed=0):
         y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, xs, counts)
         owner = np.repeat(ids, counts)
         close(y, np.stack([dense[e] @ ax(xs[i]) for i, e in enumerate(owner)]))
+        if fmt == "wq":  # on z activations (where they exist), one token at a time
+            az = z_x if kernels.isa_info()["wq_z"] else ax
+            y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, xs, counts, z=True)
+            close(y, np.stack([dense[e] @ az(xs[i]) for i, e in enumerate(owner)]))
     E, H, F, T, k = 6, 128, 96, 5, 3
     L = make_layer(rng, E, H, F)
     x = rng.standard_normal((T, H)).astype(np.float32)

@@ -156,7 +156,7 @@ void def_resplit(py::module_& m) {
     return out;
   }, py::arg("fmt"), py::arg("q"), py::arg("n"), "[..., row_bytes] uint8 -> [..., n] float32");
   m.def("resplit_expert_matmul", [](const std::string& fmt, const U8Array& w, size_t in_dim, const I32Array& ids,
-                                    const py::array_t<int64_t, py::array::c_style>& counts, const F32Array& x) {
+                                    const py::array_t<int64_t, py::array::c_style>& counts, const F32Array& x, bool z) {
     const auto f = resplit_fmt(fmt);
     const auto [E, rows] = resplit_check(w, f, in_dim, "resplit_expert_matmul");
     if (ids.ndim() != 1 || counts.ndim() != 1 || ids.shape(0) != counts.shape(0) || x.ndim() != 2 ||
@@ -179,10 +179,12 @@ void def_resplit(py::module_& m) {
     const float* xp = x.data();
     float* yp = y.mutable_data();
     py::gil_scoped_release nogil;
-    rmoe::resplit::expert_gemm(f, wp, E, rows, in_dim, ip, off.data(), cp, S, xp, yp, false);
+    rmoe::resplit::expert_gemm(f, wp, E, rows, in_dim, ip, off.data(), cp, S, xp, yp, false, z);
     return y;
   }, py::arg("fmt"), py::arg("w"), py::arg("in_dim"), py::arg("ids"), py::arg("counts"), py::arg("x"),
-     "y [N, rows]: rows of x grouped by slot (counts[s] rows use expert ids[s])");
+     py::arg("z") = false,
+     "y [N, rows]: rows of x grouped by slot (counts[s] rows use expert ids[s]); z: WQ on z activations "
+     "where they exist (as non-critical rows of the MoE layer)");
   m.def("resplit_moe_forward", [](const F32Array& x, const I32Array& ids, const F32Array& weights, const I32Array& ncrit,
                                   const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
                                   const py::object& gate_r, const py::object& up_r, const py::object& down4) {

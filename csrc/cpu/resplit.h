@@ -88,8 +88,8 @@ RowDotFn row_dot_fn(Fmt fmt);  // chosen by active_isa()
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
-// The decode rows of non-critical experts run WQ on coarser "z" activations where
-// AVX-512 VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
+// Non-critical experts' rows outside the int8 GEMM (all of decode) run WQ on coarser
+// "z" activations where AVX-512 VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
 // stored as z_j = 3 xq_j - xq_{j-1} over the 6 digit states (|z| <= 124), so the kernel
 // takes 6 byte products per weight byte instead of 10. WQ's own error (~0.2 of the
 // weight's energy) dwarfs the ~1e-3 of the 6-bit rounding; critical rows keep int8.
@@ -115,7 +115,8 @@ void dequant_row_wr_vbmi(const uint8_t* row, size_t nb, float* out);
 // x + xoff[s]*in_dim, y rows at y + xoff[s]*out_dim (both [*, dim] float32).
 void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_dim,
                  const int32_t* ids /*[S]*/, const int64_t* xoff /*[S]*/, const int64_t* ntok /*[S]*/, size_t S,
-                 const float* x /*[*, in_dim]*/, float* y /*[*, out_dim]*/, bool accumulate);
+                 const float* x /*[*, in_dim]*/, float* y /*[*, out_dim]*/, bool accumulate,
+                 bool z = false /*WQ: z activations where wq_z_acts()*/);
 
 // Several batched expert GEMMs in one parallel pass (rows of all jobs share the
 // threads). xp: activations already prepared for the job's format (prep_x),

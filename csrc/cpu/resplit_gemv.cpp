@@ -317,16 +317,21 @@ void run_jobs(const GemmJob* jobs, size_t nj) {
 }
 
 void expert_gemm(Fmt fmt, const uint8_t* W, size_t E, size_t out_dim, size_t in_dim, const int32_t* ids,
-                 const int64_t* xoff, const int64_t* ntok, size_t S, const float* x, float* y, bool accumulate) {
+                 const int64_t* xoff, const int64_t* ntok, size_t S, const float* x, float* y, bool accumulate,
+                 bool z) {
   (void)E;
-  const size_t pf = prep_floats(fmt, in_dim);
+  z = z && fmt == Fmt::WQ && wq_z_acts();
+  const size_t pf = z ? prep_floats_wq_z(in_dim) : prep_floats(fmt, in_dim);
   size_t nrows = 0;
   for (size_t s = 0; s < S; ++s) nrows = std::max(nrows, (size_t)(xoff[s] + std::max<int64_t>(ntok[s], 0)));
   std::vector<float> xp(nrows * pf);
   parallel_for(nrows, [&](size_t b, size_t e, int) {
-    for (size_t r = b; r < e; ++r) prep_x(fmt, x + r * in_dim, in_dim, xp.data() + r * pf);
+    for (size_t r = b; r < e; ++r) {
+      if (z) prep_wq_z(x + r * in_dim, in_dim, xp.data() + r * pf);
+      else prep_x(fmt, x + r * in_dim, in_dim, xp.data() + r * pf);
+    }
   }, 8);
-  const GemmJob job{fmt, W, out_dim, in_dim, ids, xoff, ntok, S, xp.data(), y, accumulate};
+  const GemmJob job{fmt, W, out_dim, in_dim, ids, xoff, ntok, S, xp.data(), y, accumulate, z};
   run_jobs(&job, 1);
 }
 

@@ -64,9 +64,10 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   const size_t N = rows.size();
   // Groups of many tokens take the int8 GEMM where it runs (resplit_i8.cpp); the
   // others (all of decode) the per-row kernels, whose activations are prepared per
-  // format. Non-critical groups of one token run WQ on z activations where they exist.
+  // format. There, non-critical rows run WQ on z activations where they exist (every
+  // one, whatever its group's size, so a row's result does not depend on the batch).
   const bool i8 = i8_gemm_available(), zq = wq_z_acts();
-  // small: WQ on int8 (critical or several tokens), critical, non-critical (int8), z; big: critical, not
+  // small: WQ on int8, critical, non-critical on int8, non-critical on z; big: critical, not
   std::vector<int32_t> sid, scid, snid, zid, bcid, bnid;
   std::vector<int64_t> soff, scnt, scoff, sccnt, snoff, sncnt, zoff, zcnt, bcoff, bccnt, bnoff, bncnt;
   std::vector<char> rbig(N, 0), rz(N, 0);  // per gathered row
@@ -78,9 +79,9 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
     if (i8 && gcnt[g] >= (int64_t)kI8MinTokens) {
       c ? add(bcid, bcoff, bccnt) : add(bnid, bnoff, bncnt);
       std::fill(rbig.begin() + goff[g], rbig.begin() + goff[g] + gcnt[g], 1);
-    } else if (zq && !c && gcnt[g] == 1) {
+    } else if (zq && !c) {
       add(zid, zoff, zcnt);
-      rz[(size_t)goff[g]] = 1;
+      std::fill(rz.begin() + goff[g], rz.begin() + goff[g] + gcnt[g], 1);
     } else {
       add(sid, soff, scnt);
       c ? add(scid, scoff, sccnt) : add(snid, snoff, sncnt);

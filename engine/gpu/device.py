@@ -79,8 +79,9 @@ class StandInDevice:
         def fn(xv):
             xs = xv[xrow.long()].numpy()
             ids = eid.numpy()
-            g = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wg, xs.shape[1], ids, xs))
-            u = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wu, xs.shape[1], ids, xs))
+            # non-critical slots (swiglu) on the z activations the CPU path gives them
+            g = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wg, xs.shape[1], ids, xs, z=swiglu))
+            u = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wu, xs.shape[1], ids, xs, z=swiglu))
             return F.silu(g) * u if swiglu else (g, u)
         if swiglu:
             return self._run(fn, x)
@@ -89,7 +90,7 @@ class StandInDevice:
 
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
         def fn(hv):
-            y = cpu_kernels.resplit_expert_matmul("wq", wd, hv.shape[1], eid.numpy(), hv.contiguous().numpy())
+            y = cpu_kernels.resplit_expert_matmul("wq", wd, hv.shape[1], eid.numpy(), hv.contiguous().numpy(), z=True)
             return torch.from_numpy(y) * scale[:, None]
         return self._run(fn, h)
 
