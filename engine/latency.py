@@ -1,7 +1,11 @@
 """The latency model R(r) of this machine: seconds one MoE layer's split
 execution takes with r critical experts per token, for decode (one token) and
 prefill (per token of a chunk), timed on the real kernel with real routing; plus
-what the rest of a decode step costs. UMIA's calibration spends its budget with it."""
+what the rest of a decode step costs. UMIA's calibration spends its budget with it.
+
+Decode's cost per critical expert comes from whole decode steps at several fixed
+r, interleaved: what a budget buys is a share of a whole step, and a kernel timed
+alone leaves out what the rest of the step does to its memory traffic."""
 from __future__ import annotations
 
 import time
@@ -14,6 +18,7 @@ from . import kernels
 
 PREFILL_CHUNK = 64  # tokens per timed prefill call
 QUIET_PCT = 20  # percentile of repeated timings taken as the cost
+DECODE_STEPS = 40  # whole decode steps timed per fixed r
 
 
 @dataclass(frozen=True)
@@ -45,30 +50,50 @@ class LatencyModel:
         return self.n_moe_layers * R[r] + (0.0 if prefill else self.decode_other_s)
 
 
+def line(r, v) -> tuple[float, float]:
+    """(a, b) of v ≈ a + b·r by least squares, b >= 0: each critical expert adds the
+    same work, and a straight line through noisy percentiles of a shared machine
+    keeps the search from seeing free steps or negative costs."""
+    b, a = np.polyfit(np.asarray(r, dtype=np.float64), np.asarray(v, dtype=np.float64), 1)
+    return (float(a), float(b)) if b >= 0 else (float(np.mean(v)), 0.0)
+
+
 def linear_fit(v) -> np.ndarray:
-    """R(r) = a + b·r by least squares, b >= 0: each critical expert adds the same
-    work, and a straight line through noisy medians of a shared machine keeps
-    the search from seeing free steps or negative costs."""
+    """R(r) for r = 0..len(v)-1: the line through v[r]."""
     r = np.arange(len(v), dtype=np.float64)
-    b, a = np.polyfit(r, np.asarray(v, dtype=np.float64), 1)
-    if b < 0:
-        a, b = float(np.mean(v)), 0.0
+    a, b = line(r, v)
     return np.maximum(a + b * r, 1e-9)
 
 
+def decode_points(k: int) -> list[int]:
+    """The fixed r whose whole decode steps are timed: 0, k and three between."""
+    return sorted({round(k * i / 4) for i in range(5)})
+
+
+def split_decode(step_a: float, step_b: float, layer_a: float, n_layers: int, k: int):
+    """Whole decode steps cost step_a + step_b·r: per layer R(r) = a + (step_b / L)·r,
+    with a the kernel's own per-layer cost at r = 0 (at most step_a / L) and the
+    rest of step_a outside the experts. -> (R_decode [k + 1], other)."""
+    a = min(max(layer_a, 0.0), step_a / n_layers)
+    b = step_b / n_layers
+    return np.maximum(a + b * np.arange(k + 1), 1e-9), max(0.0, step_a - n_layers * a)
+
+
 def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np.ndarray],
-            reps: int = 7, progress=None) -> LatencyModel:
+            reps: int = 7, steps: int = DECODE_STEPS, progress=None) -> LatencyModel:
     """ids_by_layer/w_by_layer: routing recorded on real text, [N, k] per MoE layer
     (w sorted descending, ids in the same order). Times every MoE layer at every r,
     the r values interleaved so that load on a shared machine spreads evenly; then
-    whole decode steps at r = 0 and r = k for what lies outside the experts."""
+    `steps` whole decode steps at each of decode_points(k), interleaved, for decode's
+    cost per critical expert and what lies outside the experts."""
     experts = model.net._split_experts()
     k = model.cfg.n_expert_used
     H = model.cfg.n_embd
     rng = np.random.default_rng(0)
     dec = np.zeros((reps, k + 1, len(experts)))
     pre = np.zeros((reps, k + 1, len(experts)))
-    steps = reps * (k + 1)
+    points = decode_points(k)
+    total = reps * (k + 1) + steps
     for rep in range(reps):
         for i, r in enumerate(rng.permutation(k + 1)):
             for j, e in enumerate(experts):
@@ -86,36 +111,41 @@ def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np
                 kernels.resplit_moe_forward(xc, ids[sl], w[sl], np.full(n, r, np.int32), *parts)
                 pre[rep, r, j] = (time.perf_counter() - t0) / n
             if progress:
-                progress("latency", rep * (k + 1) + i + 1, steps)
+                progress("latency", rep * (k + 1) + i + 1, total)
     # a low percentile over repetitions: what other processes on a shared machine
     # add only ever lengthens a call; then the mean over layers
-    dec = linear_fit(np.percentile(dec, QUIET_PCT, axis=0).mean(axis=1))  # [k + 1]
+    layer_a, _ = line(range(k + 1), np.percentile(dec, QUIET_PCT, axis=0).mean(axis=1))
     pre = linear_fit(np.percentile(pre, QUIET_PCT, axis=0).mean(axis=1))
-    step0, stepk = _decode_steps(model, (0, k), reps)
-    L = len(experts)
-    other = max(0.0, 0.5 * ((step0 - L * dec[0]) + (stepk - L * dec[k])))
-    return LatencyModel(tuple(map(float, dec)), tuple(map(float, pre)), other, L, kernels.num_threads())
+    done = reps * (k + 1)
+    step = _decode_steps(model, points, steps,
+                         (lambda i: progress("latency", done + i, total)) if progress else None)
+    dec, other = split_decode(*line(points, step), layer_a, len(experts), k)
+    return LatencyModel(tuple(map(float, dec)), tuple(map(float, pre)), other, len(experts), kernels.num_threads())
 
 
-def _decode_steps(model, rs: tuple[int, ...], reps: int) -> list[float]:
-    """Time of one whole decode step at each fixed r, interleaved."""
+def _decode_steps(model, rs: list[int], n: int, progress=None) -> list[float]:
+    """Time of one whole decode step at each fixed r: n steps each, the r values
+    in a fresh random order every round, all at the same position (it wraps at n_ctx)."""
     from .moe.resplit import FixedCritical
 
     experts = model.net._split_experts()
     saved = [e.policy for e in experts]
-    n = 2 * reps
-    ctx = min(model.n_ctx, n + 1)
+    ctx = max(1, min(model.n_ctx, n + 1))
     caches = {r: model.net.new_cache(ctx) for r in rs}
     times: dict[int, list[float]] = {r: [] for r in rs}
+    rng = np.random.default_rng(1)
     try:
-        for pos in range(n + 1):
-            for r in rs:
+        for i in range(n + 1):
+            pos = i % ctx
+            for r in rng.permutation(rs):
                 for e in experts:
-                    e.policy = FixedCritical(r)
+                    e.policy = FixedCritical(int(r))
                 t0 = time.perf_counter()
                 model.net.forward(torch.tensor([17 + pos]), pos, caches[r])
-                if pos:  # position 0 warms up
+                if i:  # the first round warms up
                     times[r].append(time.perf_counter() - t0)
+            if progress and i:
+                progress(i)
     finally:
         for e, p in zip(experts, saved):
             e.policy = p

@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=256, help="held-out tokens for KL")
     ap.add_argument("--offset", type=int, default=1024, help="where the held-out tokens start")
-    ap.add_argument("--rounds", type=int, default=48, help="decode steps per setting for the speed")
+    ap.add_argument("--rounds", type=int, default=128, help="decode steps per setting for the speed")
     ap.add_argument("--pct", type=float, default=20, help="percentile of step times kept (a shared machine)")
     ap.add_argument("--budgets", default="", help="'default' and/or calibrate budgets, comma-separated")
     ap.add_argument("--kl-base", default=None, help="also score against this model's full-precision logits")

@@ -11,7 +11,7 @@ import pytest
 from rapidmoe.engine.calibrate import (CALIB_VERSION, Calibrator, _fit_threshold, _predicted, calibrate,
                                        calibration_path, calibration_text, candidate_profiles, fixed_choose, fixed_fit,
                                        layer_sensitivity, load_profile, sensitivity_alphas)
-from rapidmoe.engine.latency import LatencyModel
+from rapidmoe.engine.latency import LatencyModel, decode_points, line, split_decode
 from rapidmoe.engine.model import load_model
 from rapidmoe.engine.moe.umia import UmiaProfile
 from rapidmoe.engine.synth import write_synthetic
@@ -36,6 +36,24 @@ def test_latency_model_arithmetic():
     r = [np.array([0, 8]), np.array([2, 2]), np.array([1, 1]), np.array([0, 0])]
     assert LAT.token_time(r, False) == pytest.approx(4e-3 + 2e-3 + 1.5e-3 + 1.25e-3 + 1e-3)
     assert LatencyModel.from_json(json.loads(json.dumps(LAT.to_json()))) == LAT
+
+
+def test_decode_line_from_whole_steps():
+    """Decode's cost per critical expert is the slope of whole steps; the kernel's own
+    per-layer time only splits the intercept, so fixed_time reproduces the steps."""
+    assert decode_points(8) == [0, 2, 4, 6, 8] and decode_points(2) == [0, 1, 2] and decode_points(1) == [0, 1]
+    pts = decode_points(K)
+    steps = [8e-3 + 1e-3 * r + (2e-5 if r == 4 else 0.0) for r in pts]  # a little noise at r = 4
+    a, b = line(pts, steps)
+    assert a == pytest.approx(8e-3 + 4e-6) and b == pytest.approx(1e-3)
+    R, other = split_decode(a, b, 1e-3, 4, K)
+    lat = LatencyModel(tuple(R), tuple(R), other, 4, 2)
+    assert other == pytest.approx(a - 4e-3)
+    for r in range(K + 1):
+        assert lat.fixed_time(r, False) == pytest.approx(a + b * r)
+    R, other = split_decode(a, b, 5e-3, 4, K)  # a kernel slower alone than in the step: nothing left outside
+    assert other == 0.0 and 4 * R[0] == pytest.approx(a)
+    assert line([0, 1, 2], [3.0, 2.0, 1.0]) == (2.0, 0.0)  # never a negative cost per expert
 
 
 def test_threshold_fit_spends_the_budget_and_no_more():
