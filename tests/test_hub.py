@@ -207,8 +207,11 @@ def test_ctrl_c_leaves_resumable_partial(hub, tmp_path):
     digest = hashlib.sha256(Q4).hexdigest()
     hub.stall_after[digest] = 100_001
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Ctrl+C as in a terminal: a runner started in the background hands its children
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "rapidmoe.app.cli", "pull", REPO],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     part = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF" / "blobs" / f"{digest}.incomplete"
     deadline = time.monotonic() + 20
     while not (part.exists() and part.stat().st_size == 100_001) and time.monotonic() < deadline:
