@@ -18,13 +18,16 @@ namespace {
 
 
 // WQ on int8 activations (prep_wq_q8): 4 blocks per register, one byte lane per
-// weight byte. Digit of state u: (u >= 86) + (u >= 171), next state 3u mod 256;
-// digits (0..2) times int8 x by maddubs (pairs <= 2*2*127, no saturation).
+// weight byte. The state is kept as v = u ^ 0x80 (u - 128 as a signed byte): the
+// next state 3u mod 256 is then 3v mod 256 too, and the digit (u > 85) + (u > 170)
+// is (v > -43) + (v > 42), two signed compares. Digits (0..2) times int8 x by
+// maddubs (pairs <= 2*2*127); a token's 5 digit products sum in int16 (<= 2540)
+// before one madd widens them.
 template <int NT>
 void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
-  const __m256i c86 = _mm256_set1_epi8(86), c171 = _mm256_set1_epi8((char)171), ones16 = _mm256_set1_epi16(1);
-  const __m256i lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
+  const __m256i bias = _mm256_set1_epi8((char)0x80), c1 = _mm256_set1_epi8(-43), c2 = _mm256_set1_epi8(42);
+  const __m256i ones16 = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
   __m256 tot[NT];
   for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
   alignas(32) uint8_t tail[32];
@@ -41,31 +44,28 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
                                 _mm256_and_si256(_mm256_srli_epi32(t16, 1), hi8));
     h = _mm256_shuffle_epi32(h, 0xF5);
     const __m256 dq = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-    __m256i u = _mm256_and_si256(raw, keep);
+    __m256i v = _mm256_xor_si256(_mm256_and_si256(raw, keep), bias);
     const float* g = xp + (b / 8) * 112;
     const size_t half = (b % 8) / 4;  // blocks 0-3 or 4-7 of the 8-block group
-    __m256i acc[NT][2];  // two chains per token: digits alternate between them
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+    __m256i acc[NT];  // int16 pair sums
     for (int i = 0; i < 5; ++i) {
-      const __m256i m1 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c86), u);
-      const __m256i m2 = _mm256_cmpeq_epi8(_mm256_max_epu8(u, c171), u);
-      const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), m1), m2);
-      u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
+      const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(v, c1)),
+                                        _mm256_cmpgt_epi8(v, c2));
+      v = _mm256_add_epi8(v, _mm256_add_epi8(v, v));
       for (int t = 0; t < NT; ++t) {
-        const __m256i xq = _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half));
-        acc[t][i & 1] = _mm256_add_epi32(acc[t][i & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(d, xq), ones16));
+        const __m256i p = _mm256_maddubs_epi16(d, _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half)));
+        acc[t] = i == 0 ? p : _mm256_add_epi16(acc[t], p);
       }
     }
     for (int t = 0; t < NT; ++t) {
       const float* gt = g + t * xs + 8 * half;
-      const __m256i a = _mm256_add_epi32(acc[t][0], acc[t][1]);
-      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(gt + 80), _mm256_loadu_ps(gt + 96));
-      tot[t] = _mm256_fmadd_ps(dq, v, tot[t]);
+      const __m256i a = _mm256_madd_epi16(acc[t], ones16);
+      const __m256 s = _mm256_fmsub_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(gt + 80), _mm256_loadu_ps(gt + 96));
+      tot[t] = _mm256_fmadd_ps(dq, s, tot[t]);
     }
   }
   for (int t = 0; t < NT; ++t) y[t * ys] = hsum8(tot[t]);
 }
-
 
 // D4 on int8 activations (prep_d4_q8): 2 blocks per register, low nibbles
 // (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
