@@ -107,10 +107,54 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 }
 
 // WR on int8 activations (prep_wr_q8). Per group: the 64 codes, spread to one byte
-// each (8 per 64-bit word, by shifts and masks), split into base-5 digits with 16-bit
-// high multiplies (floor(c/5) = (c * 13108) >> 16 for c < 128), levels 4L+9 by pshufb,
-// then u8 x s8 pair sums (at most 2 * 18 * 127, no saturation) to int32 lanes of 4
-// weights: lanes 0-3 and 4-7 of a half are its two 16-weight sub-blocks, one scale each.
+// each (spread32 / spread32_scalar), split into base-5 digits with 16-bit high multiplies
+// (floor(c/5) = (c * 13108) >> 16 for c < 128), levels 4L+9 by pshufb, then u8 x s8
+// pair sums (at most 2 * 18 * 127, no saturation) to int32 lanes of 4 weights:
+// lanes 0-3 and 4-7 of a half are its two 16-weight sub-blocks, one scale each.
+
+// Where code i (0-7) of an 8-code chunk of W-bit codes lies: its two bytes into one
+// 16-bit lane (pshufb control), and 2^(8 - its bit offset), which (times the lane,
+// then >> 8) brings the code to bit 0.
+template <int W>
+struct SpreadTab {
+  alignas(16) int8_t ctl[16] = {};
+  alignas(16) int16_t mul[8] = {};
+  constexpr SpreadTab() {
+    for (int i = 0; i < 8; ++i) {
+      ctl[2 * i] = (int8_t)((W * i) >> 3);
+      ctl[2 * i + 1] = (int8_t)(((W * i) >> 3) + 1);
+      mul[i] = (int16_t)(1 << (8 - (W * i) % 8));
+    }
+  }
+};
+template <int W>
+inline constexpr SpreadTab<W> kSpread{};
+
+template <int W>
+inline __m128i chunk(const uint8_t* p) {  // the bytes of 8 codes: 4 for W = 3, else 8 (all inside the group)
+  if constexpr (W == 3) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm_cvtsi32_si128(v);
+  } else {
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  }
+}
+
+// 32 codes of W bits (chunks of 8 at p, p + W, p + 2W, p + 3W) -> 32 bytes in order.
+template <int W>
+inline __m256i spread32(const uint8_t* p) {
+  const __m256i ctl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.ctl)));
+  const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.mul)));
+  const __m256i mask = _mm256_set1_epi16((1 << W) - 1);
+  auto codes16 = [&](__m128i first, __m128i second) {  // 16-bit lanes: 8 codes of each chunk
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(second, first), ctl);
+    return _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(v, mul), 8), mask);
+  };
+  // packus takes 128-bit lanes pairwise: (chunks 0, 2) and (1, 3) give bytes 0-7, 8-15 | 16-23, 24-31
+  return _mm256_packus_epi16(codes16(chunk<W>(p), chunk<W>(p + 2 * W)), codes16(chunk<W>(p + W), chunk<W>(p + 3 * W)));
+}
+
 constexpr uint64_t lo(int bits) { return (1ull << bits) - 1; }
 constexpr uint64_t rep(uint64_t m, int period) {  // m repeated every `period` bits
   return m == 0 ? 0 : m | rep(m << period, period);
@@ -118,14 +162,21 @@ constexpr uint64_t rep(uint64_t m, int period) {  // m repeated every `period` b
 
 template <int W>
 inline uint64_t spread8(const uint8_t* p) {  // 8 codes of W bits -> 8 bytes
-  // One 8-byte load (the byte past the codes is a sub-scale byte of the group): a
-  // W-byte copy goes through the stack and stalls store forwarding.
-  uint64_t v;
-  std::memcpy(&v, p, 8);
+  // One load of the bytes chunk<W> reads (a W-byte copy goes through the stack and
+  // stalls store forwarding); past the codes lie the group's sub-scale bytes.
+  uint64_t v = 0;
+  std::memcpy(&v, p, W == 3 ? 4 : 8);
   // halves of 4W bits -> 32-bit lanes, then 2W -> 16-bit, then W -> bytes
   v = (v & lo(4 * W)) | ((v << (32 - 4 * W)) & (lo(4 * W) << 32));
   v = (v & rep(lo(2 * W), 32)) | ((v << (16 - 2 * W)) & rep(lo(2 * W) << 16, 32));
   return (v & rep(lo(W), 16)) | ((v << (8 - W)) & rep(lo(W) << 8, 16));
+}
+
+// The same with scalar shifts and masks on 64-bit words (one per 8 codes).
+template <int W>
+inline __m256i spread32_scalar(const uint8_t* p) {
+  return _mm256_setr_epi64x((long long)spread8<W>(p), (long long)spread8<W>(p + W), (long long)spread8<W>(p + 2 * W),
+                            (long long)spread8<W>(p + 3 * W));
 }
 
 inline __m256i div5_u8(__m256i c) {  // bytes < 128 -> floor(c / 5)
@@ -148,8 +199,9 @@ inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D4, 
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256i dig[2][3];  // [half: codes 0-31 / 32-63][digit position]
   for (int h = 0; h < 2; ++h) {
-    const __m256i c = _mm256_setr_epi64x((long long)spread8<W>(q + W * (4 * h)), (long long)spread8<W>(q + W * (4 * h + 1)),
-                                         (long long)spread8<W>(q + W * (4 * h + 2)), (long long)spread8<W>(q + W * (4 * h + 3)));
+    // one token: the vector ports have room for the spread; tiles of tokens keep them
+    // busy, and the scalar spread runs beside them
+    const __m256i c = NT == 1 ? spread32<W>(q + 4 * W * h) : spread32_scalar<W>(q + 4 * W * h);
     const __m256i q1 = div5_u8(c), q2 = div5_u8(q1);
     dig[h][0] = _mm256_sub_epi8(c, times5_u8(q1));
     dig[h][1] = _mm256_sub_epi8(q1, times5_u8(q2));
