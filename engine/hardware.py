@@ -41,7 +41,8 @@ class HardwareRecord:
     dram_available_bytes: int  # what can be allocated now without swapping
     physical_cores: int
     usable_cores: int  # affinity mask, clamped by a cgroup CPU quota
-    isa: tuple[str, ...] = ()  # CPU features: "avx2", "avx512", "avx512_vnni", "avx512_vbmi", "avx512_bf16", "amx"
+    # CPU features: "avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_vbmi", "avx512_bf16", "amx"
+    isa: tuple[str, ...] = ()
     kernel_path: str = "scalar"  # the CPU kernel path in use
     kernel_path_reason: str = ""
     amx_usable: bool = False
@@ -303,7 +304,7 @@ def cpu_kernel_path() -> tuple[str, str, tuple[str, ...]]:
     from . import kernels
 
     info = kernels.isa_info()
-    flags = tuple(k for k in ("avx2", "avx512", "avx512_vnni", "avx512_vbmi", "avx512_bf16") if info.get(k))
+    flags = tuple(k for k in ("avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_vbmi", "avx512_bf16") if info.get(k))
     if info.get("amx_tile_cpuid"):
         flags += ("amx",)
     best = "avx512" if info.get("avx512") else "avx2" if info.get("avx2") else "scalar"
@@ -311,7 +312,7 @@ def cpu_kernel_path() -> tuple[str, str, tuple[str, ...]]:
     forced = os.environ.get("RAPIDMOE_ISA")
     if forced:
         why = f"forced by RAPIDMOE_ISA={forced}" + (f" (best available: {best})" if active != best else "")
-        if active != forced.split("-")[0]:  # avx512-novnni / -novbmi: AVX-512 with features hidden
+        if active != forced.split("-")[0]:  # avx2-novnni, avx512-novnni / -novbmi: features hidden
             why += f"; {forced} is not available here, so {active}"
     else:
         why = "best available on this CPU and OS"

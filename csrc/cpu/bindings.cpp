@@ -42,6 +42,7 @@ py::dict isa_info() {
   d["avx512"] = f.avx512f && f.avx512bw && f.avx512vl && f.os_avx512;
   d["avx512_vnni"] = f.avx512vnni;
   d["avx512_vbmi"] = f.avx512vbmi;
+  d["avx_vnni"] = f.avxvnni;
   d["wr_int8"] = rmoe::resplit::wr_int8_acts();  // WR kernels run on int8 activations
   d["wq_z"] = rmoe::resplit::wq_z_acts();  // non-critical decode rows run WQ on 6-bit z activations
   // MoE groups of at least this many tokens take the requantized int8 GEMM (0: no such path here)

@@ -43,6 +43,7 @@ CpuFeatures detect() {
     f.avx512vbmi = c & (1u << 1);
     f.amx_tile = d & (1u << 24);
     __cpuid_count(7, 1, a, b, c, d);
+    f.avxvnni = a & (1u << 4);
     f.avx512bf16 = a & (1u << 5);
   }
 #endif
@@ -65,9 +66,12 @@ const CpuFeatures& cpu_features() {
     // RAPIDMOE_ISA=avx512-novnni: AVX-512 as a CPU without VNNI, VBMI and BF16 runs it
     // (e.g. Skylake-SP); avx512-novbmi: with VNNI but no VBMI (Cascade Lake). Tests
     // cover those kernels on any AVX-512 machine.
+    // avx2-novnni: AVX2 as a CPU without AVX-VNNI (Haswell to Comet Lake, Zen 1-4) runs it.
     const char* forced = std::getenv("RAPIDMOE_ISA");
-    if (forced && !std::strcmp(forced, "avx512-novnni")) d.avx512vnni = d.avx512vbmi = d.avx512bf16 = false;
+    if (forced && !std::strcmp(forced, "avx512-novnni"))
+      d.avx512vnni = d.avx512vbmi = d.avx512bf16 = d.avxvnni = false;
     if (forced && !std::strcmp(forced, "avx512-novbmi")) d.avx512vbmi = false;
+    if (forced && !std::strcmp(forced, "avx2-novnni")) d.avxvnni = false;
     return d;
   }();
   return f;
@@ -80,7 +84,7 @@ Isa active_isa() {
     if (forced && *forced) {
       Isa want = best;
       if (!std::strcmp(forced, "scalar")) want = Isa::Scalar;
-      else if (!std::strcmp(forced, "avx2")) want = Isa::Avx2;
+      else if (!std::strncmp(forced, "avx2", 4)) want = Isa::Avx2;
       else if (!std::strncmp(forced, "avx512", 6)) want = Isa::Avx512;
       // Forcing can only lower the path: a path the CPU lacks is never taken.
       if ((int)want < (int)best) best = want;

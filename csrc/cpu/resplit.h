@@ -89,7 +89,7 @@ using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb,
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 // Non-critical experts' rows outside the int8 GEMM (all of decode) run WQ on coarser
-// "z" activations where AVX-512 VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
+// "z" activations where AVX-512 VNNI or AVX2 + AVX-VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
 // stored as z_j = 3 xq_j - xq_{j-1} over the 6 digit states (|z| <= 124), so the kernel
 // takes 6 byte products per weight byte instead of 10. WQ's own error (~0.2 of the
 // weight's energy) dwarfs the ~1e-3 of the 6-bit rounding; critical rows keep int8.
@@ -99,6 +99,7 @@ bool wq_z_acts();
 size_t prep_floats_wq_z(size_t n);
 void prep_wq_z(const float* x /*[n]*/, size_t n, float* out /*[prep_floats_wq_z]*/);
 void rows_dot_wq_z_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
+void rows_dot_wq_z_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
 // Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR by byte-table lookups,
 // and D4 with its blocks gathered by byte permutes.
 bool vbmi_kernels();
@@ -180,8 +181,9 @@ const I8Isa* i8_isa_avx512();  // VNNI
 const I8Isa* i8_isa_avx2();
 
 // 32 activations (n < 32: zero padded) -> int8 per the rule above; returns sum(q).
-int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx);
-int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);  // 31: z activations
+// levels: 127 (int8); 31 for z activations.
+int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);
+int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);
 
 // h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
 void silu_mul(const float* g, const float* u, size_t n, float* h);

@@ -115,12 +115,19 @@ bool wr_int8_acts() { return int8_acts(); }
 
 bool wq_z_acts() {
 #if RMOE_X86
-  static const bool v = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
+  static const bool v = (active_isa() == Isa::Avx512 && cpu_features().avx512vnni) ||
+                        (active_isa() == Isa::Avx2 && cpu_features().avxvnni);
   return v;
 #else
   return false;
 #endif
 }
+
+namespace {
+RowsDotFn rows_dot_wq_z() {  // the z kernel of the path in use (wq_z_acts() only)
+  return active_isa() == Isa::Avx512 ? rows_dot_wq_z_avx512 : rows_dot_wq_z_avxvnni;
+}
+}  // namespace
 
 size_t prep_floats_wq_z(size_t n) { return ((n + 31) / 32 + 7) / 8 * 128; }
 
@@ -128,10 +135,12 @@ void prep_wq_z(const float* x, size_t n, float* out) {
   const size_t nb = (n + 31) / 32;
   std::memset(out, 0, prep_floats_wq_z(n) * sizeof(float));
 #if RMOE_X86
+  static const bool avx512 = active_isa() == Isa::Avx512;
   for (size_t b = 0; b < nb; ++b) {
     int8_t q[32];
     float sx;
-    const int sum = q8_block_avx512(x + 32 * b, n - 32 * b, q, &sx, 31.f);
+    const int sum = avx512 ? q8_block_avx512(x + 32 * b, n - 32 * b, q, &sx, 31.f)
+                           : q8_block_avx2(x + 32 * b, n - 32 * b, q, &sx, 31.f);
     float* g = out + (b / 8) * 128;
     int8_t* z = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
     for (int j = 0; j < 7; ++j) {  // lane j: x of digit i (lane 7 and lane 6 from digit 2 on are 0)
@@ -298,7 +307,7 @@ void run_jobs(const GemmJob* jobs, size_t nj) {
       const float* xs = g.xp + (size_t)g.xoff[s] * pf;
       float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o0;
       // Rows kernels take one token (z: every token of the slot, one at a time).
-      const RowsDotFn rows = g.z ? rows_dot_wq_z_avx512 : nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
+      const RowsDotFn rows = g.z ? rows_dot_wq_z() : nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
       const RowDotFn one = row_dot_fn(g.fmt);
       const size_t tt = rows ? 1 : g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
       for (size_t t0 = 0; t0 < nt; t0 += tt) {  // tmp holds [rows][tokens]

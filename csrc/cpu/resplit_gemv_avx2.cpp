@@ -253,9 +253,9 @@ void wr_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 
 }  // namespace
 
-// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/127,
-// q = rint(x * 127/max|x|); returns sum(q).
-int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx) {
+// 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/L,
+// q = rint(x * L/max|x|) with L = levels (127; 31 for z activations); returns sum(q).
+int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   alignas(32) float f[32] = {0};
   std::memcpy(f, x, (n < 32 ? n : 32) * sizeof(float));
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -267,8 +267,8 @@ int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx) {
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-  *sx = amax / 127.0f;
-  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.0f / amax : 0.f);
+  *sx = amax / levels;
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? levels / amax : 0.f);
   __m256i qv[4], s = _mm256_setzero_si256();
   for (int i = 0; i < 4; ++i) {
     qv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));

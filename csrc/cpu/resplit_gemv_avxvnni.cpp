@@ -1,0 +1,88 @@
+// AVX2 + AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later, Zen 5): the WQ decode
+// GEMV of non-critical rows on z activations (prep_wq_z), as wq_rows_vnni of
+// resplit_gemv_avx512.cpp does with zmm. Called only where cpu_features().avxvnni.
+#include "isa.h"
+#include "resplit.h"
+
+#if RMOE_X86
+#include <immintrin.h>
+
+#include "simd.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace rmoe {
+namespace resplit {
+
+namespace {
+
+// NP rows at once, 4 blocks (32 bytes) per step. With u_0 the block's
+// trit bytes and u_{j+1} = 3 u_j mod 256, 256 * sum_i d_i x_i = sum_j u_j z_j over
+// j = 0..5 (whole-byte products, exact in int32), z_j = 3 x_j - x_{j-1}. The rows share
+// the z, sx and c loads; each row's two int32 lanes of a block meet one scale.
+template <int NP>
+void wq_z_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
+  const __m256i lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
+  const __m256 inv256 = _mm256_set1_ps(1.0f / 256.0f);
+  __m256 tot[NP];
+  for (int p = 0; p < NP; ++p) tot[p] = _mm256_setzero_ps();
+  alignas(32) uint8_t tail[NP][32];
+  for (size_t b = 0; b < nb; b += 4) {
+    const float* g = xp + (b / 8) * 128 + 8 * ((b % 8) / 4);  // this half of the 8-block group
+    __m256i z[6];
+    for (int i = 0; i < 6; ++i) z[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
+    const __m256 sx = _mm256_mul_ps(_mm256_loadu_ps(g + 96), inv256), c = _mm256_loadu_ps(g + 112);
+    for (int p = 0; p < NP; ++p) {
+      const uint8_t* src = q + p * rb + 8 * b;
+      if (b % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(src + 8 * rb), _MM_HINT_T0);  // 8 rows on
+      if (nb - b < 4) {  // last partial step: never read past the row
+        std::memset(tail[p], 0, 32);
+        std::memcpy(tail[p], src, 8 * (nb - b));
+        src = tail[p];
+      }
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      __m256i u = _mm256_and_si256(raw, keep);
+      __m256i A = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, z[0]), B = _mm256_setzero_si256();
+      for (int i = 1; i < 6; ++i) {
+        u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
+        if (i & 1) B = _mm256_dpbusd_avx_epi32(B, u, z[i]);
+        else A = _mm256_dpbusd_avx_epi32(A, u, z[i]);
+      }
+      // block scales: odd int32 lanes hold bytes 4-7; f16 bits = (b6 & 15) << 3 | b7 << 7
+      const __m256i t16 = _mm256_srli_epi32(raw, 16);
+      __m256i h = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(t16, lo4), 3),
+                                  _mm256_and_si256(_mm256_srli_epi32(t16, 1), hi8));
+      h = _mm256_shuffle_epi32(h, 0xF5);  // odd lane -> both lanes of its block
+      const __m256 dq = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+      const __m256 s = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(A, B)), sx, c);
+      tot[p] = _mm256_fmadd_ps(dq, s, tot[p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p) y[p] = hsum8(tot[p]);
+}
+
+}  // namespace
+
+void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  if (!cpu_features().avxvnni) {  // a dispatch slip must not reach vpdpbusd
+    std::fputs("rapidmoe: internal error: an AVX-VNNI kernel was selected without AVX-VNNI\n", stderr);
+    std::abort();
+  }
+  size_t r = 0;
+  for (; r + 2 <= nr; r += 2) wq_z_rows<2>(q + r * rb, rb, nb, xp, y + r);
+  if (r < nr) wq_z_rows<1>(q + r * rb, rb, nb, xp, y + r);
+}
+
+}  // namespace resplit
+}  // namespace rmoe
+
+#else  // non-x86: never selected by the dispatcher
+namespace rmoe {
+namespace resplit {
+void rows_dot_wq_z_avxvnni(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+}  // namespace resplit
+}  // namespace rmoe
+#endif
