@@ -263,7 +263,9 @@ RowDotFn row_dot_fn(Fmt fmt) {
 RowsDotFn rows_dot_fn(Fmt fmt) {
 #if RMOE_X86
   static const bool vnni = active_isa() == Isa::Avx512 && cpu_features().avx512vnni;
+  static const bool avxvnni = active_isa() == Isa::Avx2 && cpu_features().avxvnni;
   if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
+  if (fmt == Fmt::WQ && avxvnni) return rows_dot_wq_avxvnni;
   if (fmt == Fmt::WR && vbmi_kernels()) return rows_dot_wr_vbmi;
   if (fmt == Fmt::D4 && vbmi_kernels()) return rows_dot_d4_vbmi;
 #endif

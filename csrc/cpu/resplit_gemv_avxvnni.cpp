@@ -1,6 +1,7 @@
 // AVX2 + AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later, Zen 5): the WQ decode
-// GEMV of non-critical rows on z activations (prep_wq_z), as wq_rows_vnni of
-// resplit_gemv_avx512.cpp does with zmm. Called only where cpu_features().avxvnni.
+// GEMV (one token, rows in pairs), as wq_rows_vnni of resplit_gemv_avx512.cpp does with
+// zmm: non-critical rows on z activations (prep_wq_z), critical rows on int8 activations
+// (prep_wq_q8). Called only where cpu_features().avxvnni.
 #include "isa.h"
 #include "resplit.h"
 
@@ -18,12 +19,17 @@ namespace resplit {
 
 namespace {
 
-// NP rows at once, 4 blocks (32 bytes) per step. With u_0 the block's
-// trit bytes and u_{j+1} = 3 u_j mod 256, 256 * sum_i d_i x_i = sum_j u_j z_j over
-// j = 0..5 (whole-byte products, exact in int32), z_j = 3 x_j - x_{j-1}. The rows share
-// the z, sx and c loads; each row's two int32 lanes of a block meet one scale.
-template <int NP>
-void wq_z_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+// NP rows at once, 4 blocks (32 bytes) per step. The digit of state u is
+// d = (3u - u') / 256 with u' = 3u mod 256 the next state, so 256 sum_i d_i x_i is a
+// sum of whole-byte products (u < 256 times int8: exact in int32):
+//  - int8 activations (Z = false): 3 sum_i u_i x_i - sum_i u_{i+1} x_i over i = 0..4;
+//  - z activations (Z = true): sum_j u_j z_j over j = 0..5, z_j = 3 x_j - x_{j-1}.
+// The rows share the activation, sx and c loads; a row's two int32 lanes of a block
+// meet its one scale.
+template <int NP, bool Z>
+void wq_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) {
+  constexpr int S = Z ? 6 : 5;        // activation registers per 4 blocks
+  constexpr size_t G = Z ? 128 : 112;  // floats per 8 blocks: S * 16, then sx[16], c[16]
   const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
   const __m256i lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
   const __m256 inv256 = _mm256_set1_ps(1.0f / 256.0f);
@@ -31,10 +37,10 @@ void wq_z_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y
   for (int p = 0; p < NP; ++p) tot[p] = _mm256_setzero_ps();
   alignas(32) uint8_t tail[NP][32];
   for (size_t b = 0; b < nb; b += 4) {
-    const float* g = xp + (b / 8) * 128 + 8 * ((b % 8) / 4);  // this half of the 8-block group
-    __m256i z[6];
-    for (int i = 0; i < 6; ++i) z[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
-    const __m256 sx = _mm256_mul_ps(_mm256_loadu_ps(g + 96), inv256), c = _mm256_loadu_ps(g + 112);
+    const float* g = xp + (b / 8) * G + 8 * ((b % 8) / 4);  // this half of the 8-block group
+    __m256i xq[S];
+    for (int i = 0; i < S; ++i) xq[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
+    const __m256 sx = _mm256_mul_ps(_mm256_loadu_ps(g + 16 * S), inv256), c = _mm256_loadu_ps(g + 16 * S + 16);
     for (int p = 0; p < NP; ++p) {
       const uint8_t* src = q + p * rb + 8 * b;
       if (b % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(src + 8 * rb), _MM_HINT_T0);  // 8 rows on
@@ -44,12 +50,24 @@ void wq_z_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y
         src = tail[p];
       }
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-      __m256i u = _mm256_and_si256(raw, keep);
-      __m256i A = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, z[0]), B = _mm256_setzero_si256();
-      for (int i = 1; i < 6; ++i) {
-        u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
-        if (i & 1) B = _mm256_dpbusd_avx_epi32(B, u, z[i]);
-        else A = _mm256_dpbusd_avx_epi32(A, u, z[i]);
+      __m256i u = _mm256_and_si256(raw, keep), a;
+      if (Z) {
+        __m256i A = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, xq[0]), B = _mm256_setzero_si256();
+        for (int i = 1; i < S; ++i) {
+          u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
+          if (i & 1) B = _mm256_dpbusd_avx_epi32(B, u, xq[i]);
+          else A = _mm256_dpbusd_avx_epi32(A, u, xq[i]);
+        }
+        a = _mm256_add_epi32(A, B);
+      } else {
+        __m256i P = _mm256_setzero_si256(), Q = _mm256_setzero_si256();
+        for (int i = 0; i < S; ++i) {
+          const __m256i un = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
+          P = _mm256_dpbusd_avx_epi32(P, u, xq[i]);
+          Q = _mm256_dpbusd_avx_epi32(Q, un, xq[i]);
+          u = un;
+        }
+        a = _mm256_sub_epi32(_mm256_add_epi32(P, _mm256_add_epi32(P, P)), Q);
       }
       // block scales: odd int32 lanes hold bytes 4-7; f16 bits = (b6 & 15) << 3 | b7 << 7
       const __m256i t16 = _mm256_srli_epi32(raw, 16);
@@ -57,23 +75,30 @@ void wq_z_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y
                                   _mm256_and_si256(_mm256_srli_epi32(t16, 1), hi8));
       h = _mm256_shuffle_epi32(h, 0xF5);  // odd lane -> both lanes of its block
       const __m256 dq = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-      const __m256 s = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(A, B)), sx, c);
-      tot[p] = _mm256_fmadd_ps(dq, s, tot[p]);
+      tot[p] = _mm256_fmadd_ps(dq, _mm256_fmsub_ps(_mm256_cvtepi32_ps(a), sx, c), tot[p]);
     }
   }
   for (int p = 0; p < NP; ++p) y[p] = hsum8(tot[p]);
 }
 
-}  // namespace
-
-void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+template <bool Z>
+void rows(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   if (!cpu_features().avxvnni) {  // a dispatch slip must not reach vpdpbusd
     std::fputs("rapidmoe: internal error: an AVX-VNNI kernel was selected without AVX-VNNI\n", stderr);
     std::abort();
   }
   size_t r = 0;
-  for (; r + 2 <= nr; r += 2) wq_z_rows<2>(q + r * rb, rb, nb, xp, y + r);
-  if (r < nr) wq_z_rows<1>(q + r * rb, rb, nb, xp, y + r);
+  for (; r + 2 <= nr; r += 2) wq_rows<2, Z>(q + r * rb, rb, nb, xp, y + r);
+  if (r < nr) wq_rows<1, Z>(q + r * rb, rb, nb, xp, y + r);
+}
+
+}  // namespace
+
+void rows_dot_wq_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  rows<false>(q, rb, nr, nb, xp, y);
+}
+void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  rows<true>(q, rb, nr, nb, xp, y);
 }
 
 }  // namespace resplit
@@ -82,6 +107,7 @@ void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, co
 #else  // non-x86: never selected by the dispatcher
 namespace rmoe {
 namespace resplit {
+void rows_dot_wq_avxvnni(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 void rows_dot_wq_z_avxvnni(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
