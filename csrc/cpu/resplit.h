@@ -90,9 +90,10 @@ RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 void rows_dot_wq_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
 // Non-critical experts' rows outside the int8 GEMM (all of decode) run WQ on coarser
-// "z" activations where AVX-512 VNNI or AVX2 + AVX-VNNI is (wq_z_acts()): per 32 values sx = max|x|/31, xq = rint(x/sx) (6 bits),
-// stored as z_j = 3 xq_j - xq_{j-1} over the 6 digit states (|z| <= 124), so the kernel
-// takes 6 byte products per weight byte instead of 10. WQ's own error (~0.2 of the
+// "z" activations where AVX-512 VNNI or AVX2 + AVX-VNNI is (wq_z_acts()): per 32 values
+// sx = max|x|/31, xq = rint(x/sx) (6 bits), stored as z_j = 3 xq_j - xq_{j-1} over the
+// 6 digit states (|z| <= 124), so the kernel takes 6 byte products per weight byte
+// instead of 10. WQ's own error (~0.2 of the
 // weight's energy) dwarfs the ~1e-3 of the 6-bit rounding; critical rows keep int8.
 //   per 8 blocks 128 floats: int8 z[6][8 blocks][8 lanes] (lanes as the int8 layout),
 //   float sx[16] (lanes 2b, 2b+1 = sx_b), float c[16] (lane 2b = sx_b * sum(xq_b)).
