@@ -221,6 +221,10 @@ RMOE_RESPLIT_VARIANTS(scalar)  // resplit_dequant.cpp, resplit_gemv.cpp: the ref
 RMOE_RESPLIT_VARIANTS(avx2)    // resplit_*_avx2.cpp
 RMOE_RESPLIT_VARIANTS(avx512)  // resplit_*_avx512.cpp
 #undef RMOE_RESPLIT_VARIANTS
+// The AVX2 tiles with vpdpbusd (resplit_gemv_avxvnni.cpp; cpu_features().avxvnni only).
+void row_dot_wq_avxvnni(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+void row_dot_wr_avxvnni(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
+void row_dot_d4_avxvnni(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 
 // Shared constants (must equal the oracle's float32 values).
 extern const float kWrTable[16];  // 2^(-k/4)

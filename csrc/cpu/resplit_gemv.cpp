@@ -255,6 +255,9 @@ RowDotFn row_dot_fn(Fmt fmt) {
   static const Isa isa = active_isa();
 #if RMOE_X86
   if (isa == Isa::Avx512) return fmt == Fmt::WQ ? row_dot_wq_avx512 : fmt == Fmt::WR ? row_dot_wr_avx512 : row_dot_d4_avx512;
+  static const bool avxvnni = cpu_features().avxvnni;
+  if (isa == Isa::Avx2 && avxvnni)
+    return fmt == Fmt::WQ ? row_dot_wq_avxvnni : fmt == Fmt::WR ? row_dot_wr_avxvnni : row_dot_d4_avxvnni;
   if (isa == Isa::Avx2) return fmt == Fmt::WQ ? row_dot_wq_avx2 : fmt == Fmt::WR ? row_dot_wr_avx2 : row_dot_d4_avx2;
 #endif
   return fmt == Fmt::WQ ? row_dot_wq_scalar : fmt == Fmt::WR ? row_dot_wr_scalar : row_dot_d4_scalar;

@@ -1,13 +1,15 @@
 // AVX2 + AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later, Zen 5): the WQ decode
 // GEMV (one token, rows in pairs), as wq_rows_vnni of resplit_gemv_avx512.cpp does with
 // zmm: non-critical rows on z activations (prep_wq_z), critical rows on int8 activations
-// (prep_wq_q8). Called only where cpu_features().avxvnni.
+// (prep_wq_q8); and the tiles of resplit_tiles_avx2.h with vpdpbusd. Called only where
+// cpu_features().avxvnni.
 #include "isa.h"
 #include "resplit.h"
 
 #if RMOE_X86
 #include <immintrin.h>
 
+#include "resplit_tiles_avx2.h"
 #include "simd.h"
 
 #include <cstdio>
@@ -97,6 +99,9 @@ void rows(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, fl
 void rows_dot_wq_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   rows<false>(q, rb, nr, nb, xp, y);
 }
+RMOE_TILED(row_dot_wq_avxvnni, wq_tile, true)
+RMOE_TILED(row_dot_d4_avxvnni, d4_tile, true)
+RMOE_TILED(row_dot_wr_avxvnni, wr_tile, true)
 void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   rows<true>(q, rb, nr, nb, xp, y);
 }
@@ -108,6 +113,9 @@ void rows_dot_wq_z_avxvnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, co
 namespace rmoe {
 namespace resplit {
 void rows_dot_wq_avxvnni(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void row_dot_wq_avxvnni(const uint8_t*, size_t, const float*, size_t, size_t, float*, size_t) {}
+void row_dot_d4_avxvnni(const uint8_t*, size_t, const float*, size_t, size_t, float*, size_t) {}
+void row_dot_wr_avxvnni(const uint8_t*, size_t, const float*, size_t, size_t, float*, size_t) {}
 void rows_dot_wq_z_avxvnni(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
