@@ -9,6 +9,7 @@
 #if RMOE_X86
 #include <immintrin.h>
 
+#include "resplit_wq_states.h"
 #include "simd.h"
 
 #include <cstdio>
@@ -69,12 +70,9 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]);
 }
-// WQ decode GEMV (one token) of 2*NP rows at once with VNNI, without extracting digits.
-// The digit of state u is d = (3u - u') / 256 with u' = 3u mod 256 the next state, so
-// 256 sum_i d_i x_i is a sum of whole-byte products (u < 256 times int8: exact in int32):
-//  - int8 activations (prep_wq_q8, Z = false): 3 sum_i u_i x_i - sum_i u_{i+1} x_i;
-//  - z activations (prep_wq_z, Z = true): sum_j u_j z_j over the states u_0..u_5 with
-//    z_j = 3 x_j - x_{j-1} prepared (x of 6 bits keeps |z| <= 124): 6 products, not 10.
+// WQ decode GEMV (one token) of 2*NP rows at once with VNNI, without extracting digits
+// (wq_state_sums of resplit_wq_states.h; 6 products per byte on z activations, not 10).
+RMOE_WQ_STATE_OPS(Zmm, __m512i, _mm512, _mm512_setzero_si512, _mm512_dpbusd_epi32)
 // The rows share each activation load. A pair of rows shares one scale decode and one
 // float conversion: each row's two int32 lanes of a block are summed into one lane of
 // a register that holds the pair's 16 blocks (lane b: first row, 8 + b: second row).
@@ -107,25 +105,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
         const uint8_t* qr = q + (2 * p + k) * rb + 8 * b;
         _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T0);  // these blocks 8 rows on (the next row group)
         raw[k] = _mm512_maskz_loadu_epi8(lm, qr);
-        __m512i u = _mm512_and_si512(raw[k], keep);
-        if (Z) {
-          __m512i A = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq[0]), B = _mm512_setzero_si512();
-          for (int i = 1; i < S; ++i) {
-            u = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
-            if (i & 1) B = _mm512_dpbusd_epi32(B, u, xq[i]);
-            else A = _mm512_dpbusd_epi32(A, u, xq[i]);
-          }
-          a[k] = _mm512_add_epi32(A, B);
-        } else {
-          __m512i P = _mm512_setzero_si512(), Q = _mm512_setzero_si512();
-          for (int i = 0; i < S; ++i) {
-            const __m512i un = _mm512_add_epi8(u, _mm512_add_epi8(u, u));
-            P = _mm512_dpbusd_epi32(P, u, xq[i]);
-            Q = _mm512_dpbusd_epi32(Q, un, xq[i]);
-            u = un;
-          }
-          a[k] = _mm512_sub_epi32(_mm512_add_epi32(P, _mm512_add_epi32(P, P)), Q);
-        }
+        a[k] = wq_state_sums<Zmm, Z>(_mm512_and_si512(raw[k], keep), xq);
       }
       // f16 scale bits (b7 << 7) | ((b6 & 15) << 3) = (lane >> 1) & 0xFF80 | (lane << 3) & 0x7F
       const __m512i sc = _mm512_permutex2var_epi16(raw[0], scale_lanes, raw[1]);

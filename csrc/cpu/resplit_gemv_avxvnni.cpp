@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "resplit_tiles_avx2.h"
+#include "resplit_wq_states.h"
 #include "simd.h"
 
 #include <cstdio>
@@ -21,11 +22,9 @@ namespace resplit {
 
 namespace {
 
-// NP rows at once, 4 blocks (32 bytes) per step. The digit of state u is
-// d = (3u - u') / 256 with u' = 3u mod 256 the next state, so 256 sum_i d_i x_i is a
-// sum of whole-byte products (u < 256 times int8: exact in int32):
-//  - int8 activations (Z = false): 3 sum_i u_i x_i - sum_i u_{i+1} x_i over i = 0..4;
-//  - z activations (Z = true): sum_j u_j z_j over j = 0..5, z_j = 3 x_j - x_{j-1}.
+RMOE_WQ_STATE_OPS(Ymm, __m256i, _mm256, _mm256_setzero_si256, _mm256_dpbusd_avx_epi32)  // VEX vpdpbusd
+
+// NP rows at once, 4 blocks (32 bytes) per step, by wq_state_sums (resplit_wq_states.h).
 // The rows share the activation, sx and c loads; a row's two int32 lanes of a block
 // meet its one scale.
 template <int NP, bool Z>
@@ -52,25 +51,7 @@ void wq_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
         src = tail[p];
       }
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-      __m256i u = _mm256_and_si256(raw, keep), a;
-      if (Z) {
-        __m256i A = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, xq[0]), B = _mm256_setzero_si256();
-        for (int i = 1; i < S; ++i) {
-          u = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
-          if (i & 1) B = _mm256_dpbusd_avx_epi32(B, u, xq[i]);
-          else A = _mm256_dpbusd_avx_epi32(A, u, xq[i]);
-        }
-        a = _mm256_add_epi32(A, B);
-      } else {
-        __m256i P = _mm256_setzero_si256(), Q = _mm256_setzero_si256();
-        for (int i = 0; i < S; ++i) {
-          const __m256i un = _mm256_add_epi8(u, _mm256_add_epi8(u, u));
-          P = _mm256_dpbusd_avx_epi32(P, u, xq[i]);
-          Q = _mm256_dpbusd_avx_epi32(Q, un, xq[i]);
-          u = un;
-        }
-        a = _mm256_sub_epi32(_mm256_add_epi32(P, _mm256_add_epi32(P, P)), Q);
-      }
+      const __m256i a = wq_state_sums<Ymm, Z>(_mm256_and_si256(raw, keep), xq);
       // block scales: odd int32 lanes hold bytes 4-7; f16 bits = (b6 & 15) << 3 | b7 << 7
       const __m256i t16 = _mm256_srli_epi32(raw, 16);
       __m256i h = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(t16, lo4), 3),

@@ -1,4 +1,4 @@
-// Small helpers shared by the ISA files (*_avx2.cpp, *_avx512.cpp, *_vbmi.cpp and the
+// Small helpers shared by the ISA files (*_avx2.cpp, *_avx512.cpp, *_vbmi.cpp, *_avxvnni.cpp and the
 // headers they include). Internal linkage on purpose (see ggml_blocks.h on linkage):
 // each ISA file compiles its own copy with its own flags. Include only from those files.
 #pragma once
