@@ -37,6 +37,15 @@ def _subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     return p, mod
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rapidmoe-chat")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from ..engine.plan_sizes import use_planned_allocator
@@ -55,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             epilog="subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()),
         )
         cmd_chat.add_arguments(p)
+        p.add_argument("--version", action="version", version=f"rapidmoe-chat {_version()}")
         args = p.parse_args(argv)
         return int(cmd_chat.run(args) or 0)
     except UserError as e:

@@ -130,3 +130,14 @@ def test_reader_leaving_a_pipe_is_a_quiet_exit(tmp_path, capsys):
         sys.stdout = saved
         os.close(w)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_version_is_the_installed_distributions():
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as f:
+        expected = tomllib.load(f)["project"]["version"]
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"rapidmoe-chat {expected}\n"
