@@ -1,6 +1,7 @@
 """Chat history in SQLite (WAL) under the user data dir: chats with their system
 prompt and sampling settings, messages with their stats, a little app state
-(the last used model), and a schema version with forward-only migrations."""
+(the last used model), and a schema version with forward-only migrations.
+A session that must leave no trace (--no-history) uses an in-memory copy."""
 from __future__ import annotations
 
 import json
@@ -70,11 +71,13 @@ class Message:
 
 
 class ChatStore:
-    def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path else db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path | str | None = None, *, memory: bool = False):
+        """memory: a store that lives in memory only and is gone when closed (see scratch())."""
+        self.path = None if memory else Path(path) if path else db_path()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=5.0)
+            self.db = sqlite3.connect(self.path or ":memory:", isolation_level=None, timeout=5.0)
             self.db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.DatabaseError as e:
             raise UserError(f"{self.path}: cannot open the chat history ({e})") from None
@@ -105,6 +108,36 @@ class ChatStore:
 
     def close(self) -> None:
         self.db.close()
+
+    @property
+    def persistent(self) -> bool:
+        return self.path is not None
+
+    @classmethod
+    def scratch(cls, source: "ChatStore", chat_id: int | None = None) -> "ChatStore":
+        """A session that leaves no trace (--no-history): an in-memory store that starts
+        with source's app state (the last used model) and, given chat_id, a copy of that
+        chat to continue. source is closed; nothing is ever written to it."""
+        s = cls(memory=True)
+        for key, value in source.db.execute("SELECT key, value FROM state").fetchall():
+            s.set_state(key, value)
+        if chat_id is not None:
+            s.copy_chat(source, chat_id)
+        source.close()
+        return s
+
+    def copy_chat(self, source: "ChatStore", chat_id: int) -> Chat:
+        """A copy of another store's chat, messages and their stats included."""
+        c = source.get_chat(chat_id)
+        with self._tx():
+            cur = self.db.execute(
+                "INSERT INTO chats (title, model, system, params, created, updated) VALUES (?,?,?,?,?,?)",
+                (c.title, c.model, c.system, json.dumps(c.params), c.created, c.updated))
+            self.db.executemany(
+                "INSERT INTO messages (chat_id, role, content, created, stats) VALUES (?,?,?,?,?)",
+                [(cur.lastrowid, m.role, m.content, m.created, json.dumps(m.stats) if m.stats is not None else None)
+                 for m in source.messages(chat_id)])
+        return self.get_chat(cur.lastrowid)
 
     # --- chats ---
     def create_chat(self, title: str = "New chat", model: str | None = None, system: str = "",

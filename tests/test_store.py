@@ -110,3 +110,27 @@ def test_export_markdown(tmp_path):
                                                                              {"temperature": 0.5})
     assert [(m["role"], m["content"][:7]) for m in data["messages"]] == [("user", "List tw"), ("assistant", "- apple")]
     assert md.index("## You\n\nList two fruits") < md.index("## Assistant\n\n- apple\n- pear\n\n```py\nprint(1)\n```")
+
+
+def test_a_scratch_store_reads_the_history_and_writes_nothing(tmp_path):
+    path = tmp_path / "h.db"
+    disk = ChatStore(path)
+    c = disk.create_chat("kept", model="demo", system="be brief", params={"top_k": 3})
+    disk.add_message(c.id, "user", "q")
+    disk.add_message(c.id, "assistant", "a", stats={"finish_reason": "stop"})
+    disk.set_state("last_model", "demo")
+
+    s = ChatStore.scratch(disk, chat_id=c.id)  # closes disk
+    assert not s.persistent and disk.persistent
+    [copy] = s.list_chats()
+    assert (copy.title, copy.model, copy.system, copy.params) == ("kept", "demo", "be brief", {"top_k": 3})
+    assert [(m.role, m.content, m.stats) for m in s.messages(copy.id)] == [
+        ("user", "q", None), ("assistant", "a", {"finish_reason": "stop"})]
+    assert s.get_state("last_model") == "demo"
+    s.add_message(copy.id, "user", "private")
+    s.create_chat("new one")
+    s.set_state("last_model", "other")
+    s.close()
+    reopened = ChatStore(path)
+    assert [x.title for x in reopened.list_chats()] == ["kept"] and reopened.get_state("last_model") == "demo"
+    assert [m.content for m in reopened.messages(c.id)] == ["q", "a"]
