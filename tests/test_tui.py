@@ -1,6 +1,7 @@
 """The TUI's chat screens driven headlessly with Pilot, with the scripted backend
 (timing must be controlled here). The real engine runs end to end in
-test_tui_models.py."""
+test_tui_models.py. Tests wait for events and states, never for a time: a
+busy machine stretches every step, and nothing here asserts how long one took."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from textual import events
+from textual.command import CommandList, CommandPalette
 from textual.widgets import Collapsible, Markdown, OptionList
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -19,12 +21,12 @@ from rapidmoe.app.tui.context_meter import ContextMeter  # noqa: E402
 from rapidmoe.app.tui.message import MessageView  # noqa: E402
 from rapidmoe.app.tui.status_bar import sparkline  # noqa: E402
 from rapidmoe.app.tui.think import code_blocks, split_think  # noqa: E402
-from tui_helpers import SIZE, make_app, notes, ready, reply, send, views, wait_for  # noqa: E402
+from tui_helpers import SIZE, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
 
 
 def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
     words = " ".join(f"w{i}" + ("\n\n" if i % 10 == 9 else "") for i in range(120))
-    backend = ScriptedBackend(replies=[words], token_s=0.002, critical=(2, 4, 1, 8))
+    backend = ScriptedBackend(replies=[words], token_s=0.002, critical=(2, 4, 1, 8))  # reports 500 tok/s
 
     async def main():
         app = make_app(tmp_path, backend)
@@ -47,9 +49,8 @@ def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
             body = scr.query(MessageView).last().query_one(".body", Markdown)
             assert body.source == words
             log = scr.log_view
-            await pilot.pause(0.05)
-            assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y  # followed the reply
-            # 120 tokens in ~0.25 s drawn at 25 Hz: a handful of redraws, not one per token
+            await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)  # followed
+            # the engine emits the 120 tokens at once; the 25 Hz timer draws them in a few batches
             print(f"\n{len(flushes)} redraws for 120 tokens")
             assert 1 <= len(flushes) <= 30
             line = str(scr.status.line_text())
@@ -65,39 +66,98 @@ def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
 
 def test_escape_stops_generation_and_keeps_the_partial_reply(tmp_path):
     full = " ".join(f"t{i}" for i in range(400))
-    backend = ScriptedBackend(replies=[full], token_s=0.03)
+    backend = ScriptedBackend(replies=[full], hold_after=10)  # each reply waits after 10 tokens
 
     async def main():
         app = make_app(tmp_path, backend)
         async with app.run_test(size=SIZE) as pilot:
             scr = await ready(pilot)
             await send(pilot, "a long story please")
-            await wait_for(pilot, lambda: len(scr.query(MessageView).last().text) > 20)
+            head = " ".join(f"t{i}" for i in range(10))
+            await wait_for(pilot, lambda: scr.query(MessageView).last().text == head)
             await pilot.press("escape")
             await wait_for(pilot, lambda: not scr.generating)
-            latency = scr.stop_latencies[-1]
-            print(f"\nstop latency (scripted engine, 30 ms/token): {latency * 1000:.0f} ms")
-            assert latency < 0.2
-            partial = scr.query(MessageView).last().text
-            assert 20 < len(partial) < len(full) and full.startswith(partial)
+            print(f"\nstop latency (scripted engine): {scr.stop_latencies[-1] * 1000:.0f} ms")
+            assert scr.last_final.finish_reason == "cancelled" and scr.last_final.completion_tokens == 10
+            assert scr.query(MessageView).last().text == head  # nothing after the stop
             assert "stopped" in str(scr.query(MessageView).last().query_one(".footer").render())
             stored = app.store.messages(scr.chat.id)[-1]
-            assert stored.content == partial and stored.stats["finish_reason"] == "cancelled"
-            assert scr.engine_chat.messages[-1] == {"role": "assistant", "content": partial}
+            assert stored.content == head and stored.stats["finish_reason"] == "cancelled"
+            assert scr.engine_chat.messages[-1] == {"role": "assistant", "content": head}
             assert "stop latency" in scr.stats_text()
 
             # a new chat mid-reply: the reply stops and is kept in its own chat first
             first = scr.chat.id
             await send(pilot, "another story")
-            await wait_for(pilot, lambda: len(scr.query(MessageView).last().text) > 10)
+            await wait_for(pilot, lambda: scr.query(MessageView).last().text == head)
             await pilot.press("ctrl+n")
             await wait_for(pilot, lambda: not scr.generating and scr.chat is None)
             assert views(scr) == []
             stored = app.store.messages(first)
             assert [m.role for m in stored] == ["user", "assistant"] * 2
-            assert stored[-1].stats["finish_reason"] == "cancelled" and full.startswith(stored[-1].content)
+            assert stored[-1].stats["finish_reason"] == "cancelled" and stored[-1].content == head
 
     asyncio.run(main())
+
+
+def test_ctrl_c_stops_a_reply_and_quits_only_when_idle(tmp_path):
+    backend = ScriptedBackend(replies=["a b c d e f g h"], hold_after=3)
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            scr = await ready(pilot)
+            await send(pilot, "go")
+            await wait_for(pilot, lambda: scr.query(MessageView).last().text == "a b c")
+            await pilot.press("ctrl+c")
+            await wait_for(pilot, lambda: not scr.generating)
+            assert app.is_running and app.screen is scr
+            assert not any("quit" in str(n.message) for n in app._notifications)  # no "press ctrl+q" hint
+            assert scr.last_final.finish_reason == "cancelled"
+            assert app.store.messages(scr.chat.id)[-1].content == "a b c"
+            # with text selected in the input, Ctrl+C copies it and nothing stops or quits
+            scr.prompt.load_text("keep me")
+            scr.prompt.select_all()
+            await pilot.press("ctrl+c")
+            assert app.clipboard == "keep me" and app.is_running
+            scr.prompt.load_text("")
+            await pilot.press("ctrl+c")  # idle: quits
+            await wait_for(pilot, lambda: not app.is_running)
+
+    asyncio.run(main())
+
+
+def test_quitting_mid_reply_keeps_the_partial_reply_marked_cut(tmp_path):
+    backend = ScriptedBackend(replies=["one two three four five six"], hold_after=4)
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            await send(pilot, "tell me")
+            await wait_for(pilot, backend.holding.is_set)
+            await pilot.press("ctrl+q")
+            await wait_for(pilot, lambda: not app.is_running)
+        return scr.chat.id
+
+    chat_id = asyncio.run(main())
+    app = make_app(tmp_path, ScriptedBackend())  # the same history file, opened again
+    user, cut = app.store.messages(chat_id)
+    assert (user.role, user.content) == ("user", "tell me")
+    assert cut.role == "assistant" and cut.content == "one two three four"
+    assert cut.stats["finish_reason"] == "cancelled" and cut.stats["cut"] == "quit"
+    assert cut.stats["completion_tokens"] == 4
+
+    async def reopen():
+        app.open_chat_id = chat_id
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            assert views(scr) == [("user", "tell me"), ("assistant", "one two three four")]
+            footer = str(scr.query(MessageView).last().query_one(".footer").render())
+            assert "cut off: the app was closed" in footer
+            assert [m["role"] for m in scr.engine_chat.messages] == ["user", "assistant"]
+
+    asyncio.run(reopen())
 
 
 def test_input_keys_newlines_large_paste_and_history(tmp_path):
@@ -107,17 +167,26 @@ def test_input_keys_newlines_large_paste_and_history(tmp_path):
         app = make_app(tmp_path, backend)
         async with app.run_test(size=SIZE) as pilot:
             scr = await ready(pilot)
-            await pilot.press("l", "1", "shift+enter", "l", "2", "ctrl+j", "l", "3")
-            assert scr.prompt.text == "l1\nl2\nl3" and not backend.calls
-            big = "\n".join(f"line {i} " + "x" * 60 for i in range(3000))  # ~200 kB with newlines
-            scr.prompt.load_text("")
-            app.post_message(events.Paste(big))  # as the terminal driver delivers it
-            await pilot.pause(0.1)
-            assert scr.prompt.text == big and not backend.calls  # a pasted newline never sends
+            # alt+enter as kitty-protocol terminals report it, and as paste_parser.py reports
+            # the ESC CR of the others (test_terminal_input_* below)
+            await pilot.press("l", "1", "shift+enter", "l", "2", "ctrl+j", "l", "3", "alt+enter", "l", "4")
+            assert scr.prompt.text == "l1\nl2\nl3\nl4" and not backend.calls
+            scr.action_help()  # and help says so
+            assert "newline      shift+enter,ctrl+j,alt+enter" in notes(scr)[-1]
             await pilot.press("enter")
             await wait_for(pilot, lambda: scr.last_final is not None)
+            body = scr.query(MessageView).first().query_one(".body")
+            assert str(body.render()) == "l1\nl2\nl3\nl4" and body.size.height == 4  # shown as typed, 4 lines
+            assert app.store.messages(scr.chat.id)[0].content == "l1\nl2\nl3\nl4"
+            big = "\n".join(f"line {i} " + "x" * 60 for i in range(3000))  # ~200 kB with newlines
+            app.post_message(events.Paste(big))  # as the terminal driver delivers it
+            await wait_for(pilot, lambda: scr.prompt.text == big)
+            await settle(pilot)
+            assert len(backend.calls) == 1  # a pasted newline never sends
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(backend.calls) == 2 and not scr.generating)
             assert backend.calls[-1][-1] == {"role": "user", "content": big}
-            shown = scr.query(MessageView).first().query_one(".body", Markdown).source
+            shown = str(scr.query(MessageView)[2].query_one(".body").render())
             assert "2960 more lines" in shown and len(shown) < 5000  # drawn by its head, sent whole
             assert scr.prompt.text == ""
             await pilot.press("up")  # prompt history on an empty input
@@ -142,7 +211,7 @@ def test_regenerate_and_edit_and_resend(tmp_path):
             assert backend.calls[-1] == [{"role": "user", "content": "q1"}]  # the old reply is gone
             assert [m.content for m in app.store.messages(scr.chat.id)] == ["q1", "second"]
             await pilot.press("ctrl+g")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert scr.prompt.text == "q1" and views(scr) == []
             await pilot.press(*" edited", "enter")
             await wait_for(pilot, lambda: not scr.generating and len(views(scr)) == 2)
@@ -173,22 +242,22 @@ def test_slash_commands(tmp_path, monkeypatch):
             assert scr.prompt.text == "/s" and scr.prompt.has_focus  # /set /stats /system: no longer prefix
             scr.prompt.load_text("/help")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert "/model" in notes(scr)[-1] and "/set" in notes(scr)[-1]
             for cmd in ("/set temperature 0.25", "/set stop END, STOP", "/system You are terse."):
                 scr.prompt.load_text(cmd)
                 await pilot.press("enter")
-                await pilot.pause(0.05)
+                await settle(pilot)
             assert app.store.get_chat(scr.chat.id).params == {"temperature": 0.25, "stop": ["END", "STOP"]}
             assert scr.params().temperature == 0.25 and scr.params().stop == ("END", "STOP")
             assert scr.engine_chat.messages[0] == {"role": "system", "content": "You are terse."}
             scr.prompt.load_text("/set temprature 2")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert "unknown setting 'temprature'" in notes(scr)[-1]
             scr.prompt.load_text("/bogus")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert "unknown command /bogus" in notes(scr)[-1]
             await reply(pilot, "code please")
             assert backend.calls[-1][0] == {"role": "system", "content": "You are terse."}
@@ -203,7 +272,7 @@ def test_slash_commands(tmp_path, monkeypatch):
             for cmd in ("/rename My [/plan]", "/export out.md", "/export out.json", "/stats"):
                 scr.prompt.load_text(cmd)
                 await pilot.press("enter")
-                await pilot.pause(0.05)
+                await settle(pilot)
             assert app.store.get_chat(scr.chat.id).title == "My [/plan]"
             assert "My [/plan]" in str(scr.query_one("#title").render())
             md = (tmp_path / "out.md").read_text()
@@ -212,7 +281,7 @@ def test_slash_commands(tmp_path, monkeypatch):
             assert notes(scr)[-1].startswith("prompt ") and "tok/s" in notes(scr)[-1]
             scr.prompt.load_text("/clear")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert views(scr) == [] and app.store.messages(scr.chat.id) == []
             assert scr.engine_chat.messages == [{"role": "system", "content": "You are terse."}]
 
@@ -233,8 +302,7 @@ def test_think_block_is_collapsible(tmp_path):
             assert view.query_one(".think-body", Markdown).source == "weigh the options carefully"
             assert view.query_one(".body", Markdown).source == "The answer is **4**."
             box.collapsed = False
-            await pilot.pause(0.05)
-            assert view.query_one(".think-body", Markdown).region.height > 0
+            await wait_for(pilot, lambda: view.query_one(".think-body", Markdown).region.height > 0)
 
     asyncio.run(main())
 
@@ -278,19 +346,19 @@ def test_chats_screen_rename_delete_open(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             scr = await ready(pilot)
             await pilot.press("ctrl+o")
-            await pilot.pause(0.05)
+            await settle(pilot)
             ol = app.screen.query_one(OptionList)
             assert ol.option_count == 2
             await pilot.press("r")
             await pilot.press(*"2", "enter")  # rename "beta" (newest first) to "beta2"
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert store.get_chat(b.id).title == "beta2"
             await pilot.press("d", "d")  # delete needs a second press
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert [c.id for c in store.list_chats()] == [a.id]
             await pilot.press("enter")  # open alpha
             await wait_for(pilot, lambda: scr.chat is not None and scr.chat.id == a.id)
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert views(scr) == [("user", "from alpha"), ("assistant", "alpha reply")]
             assert scr.engine_chat.messages == [{"role": "user", "content": "from alpha"},
                                                 {"role": "assistant", "content": "alpha reply"}]
@@ -305,15 +373,16 @@ def test_screenshots_of_the_main_screens(tmp_path):
     async def main():
         app = make_app(tmp_path, backend)
         async with app.run_test(size=SIZE) as pilot:
-            await ready(pilot)
+            scr = await ready(pilot)
             await reply(pilot, "show me")
             shots = {"chat": app.export_screenshot()}
             for key, name in (("ctrl+o", "chats"), ("ctrl+s", "settings"), ("ctrl+l", "models")):
                 await pilot.press(key)
-                await pilot.pause(0.1)
+                await wait_for(pilot, lambda: app.screen is not scr)
+                await settle(pilot)
                 shots[name] = app.export_screenshot()
                 await pilot.press("escape")
-                await pilot.pause(0.05)
+                await wait_for(pilot, lambda: app.screen is scr)
             path = app.save_screenshot(path=str(tmp_path), filename="chat.svg")
             assert Path(path).read_text().startswith("<svg")
 
@@ -339,9 +408,12 @@ def test_command_palette_runs_our_commands(tmp_path):
             scr = await ready(pilot)
             await reply(pilot, "hi")
             await pilot.press("ctrl+p")
-            await pilot.pause(0.1)
+            await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
             await pilot.press(*"regenerate")
-            await pilot.pause(0.3)  # the palette searches asynchronously
+            # the palette searches asynchronously: wait for the hit to be highlighted
+            hits = app.screen.query_one(CommandList)
+            await wait_for(pilot, lambda: hits.highlighted is not None and "Regenerate" in str(
+                hits.get_option_at_index(hits.highlighted).prompt))
             await pilot.press("enter")
             await wait_for(pilot, lambda: not scr.generating and views(scr)[-1] == ("assistant", "two"))
             assert len(backend.calls) == 2 and app.screen is scr
@@ -364,16 +436,165 @@ def test_attach_a_file_and_edit_in_editor(tmp_path, monkeypatch):
             scr = await ready(pilot)
             scr.prompt.load_text(f"/attach {src}")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert scr.prompt.text == "`notes.py`:\n````py\nx = '```'\nprint(x)\n````\n"
             assert code_blocks(scr.prompt.text) == ["x = '```'\nprint(x)\n"]  # the fence survives
             scr.prompt.load_text(f"/attach {tmp_path / 'blob.bin'}")
             await pilot.press("enter")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert "binary" in notes(scr)[-1]
             scr.prompt.load_text("draft")
             await pilot.press("f4")
-            await pilot.pause(0.05)
+            await settle(pilot)
             assert scr.prompt.text == "draft and more"
 
     asyncio.run(main())
+
+
+def _parse(parser, *reads, timeout_between=True, monkeypatch=None):
+    """Feed reads to a parser as a terminal driver does, with Textual's escape timeout
+    passing between two reads (as when tmux delivers a long paste in pieces)."""
+    import textual._parser
+
+    out = []
+    for i, data in enumerate(reads):
+        out += list(parser.feed(data))
+        if timeout_between and i < len(reads) - 1:
+            with monkeypatch.context() as m:
+                m.setattr(textual._parser, "get_time", lambda: float("inf"))
+                out += list(parser.tick())
+    return [(type(e).__name__, getattr(e, "key", None) or e.text) for e in out]
+
+
+def test_terminal_input_keeps_a_split_paste_whole(monkeypatch):
+    from textual._xterm_parser import XTermParser
+
+    from rapidmoe.app.tui.paste_parser import ChatInputParser
+
+    text = "\r".join(f"line {i}" for i in range(300))  # terminals send a pasted newline as CR
+    data = "\x1b[200~" + text + "\x1b[201~"
+    for cut in (1, 3, 5):  # the read ends inside the closing ESC[201~
+        got = _parse(ChatInputParser(), data[:-cut], data[-cut:] + "\r", monkeypatch=monkeypatch)
+        assert got == [("Paste", text), ("Key", "enter")], cut
+        # Textual's own parser never leaves paste mode: the Enter after it is swallowed
+        lost = _parse(XTermParser(), data[:-cut], data[-cut:] + "\r", monkeypatch=monkeypatch)
+        assert ("Key", "enter") not in lost and not any(k == "Paste" for k, _ in lost)
+    # a paste split anywhere else, and one in a single read
+    assert _parse(ChatInputParser(), data[:1000], data[1000:], monkeypatch=monkeypatch) == [("Paste", text)]
+    assert _parse(ChatInputParser(), data, monkeypatch=monkeypatch) == [("Paste", text)]
+
+
+def test_terminal_input_reads_esc_cr_as_alt_enter(monkeypatch):
+    from rapidmoe.app.tui import paste_parser
+    from rapidmoe.app.tui.paste_parser import ChatInputParser
+
+    # Alt+Enter in an ESC-prefix terminal (tmux): Textual alone reports a plain "enter"
+    assert _parse(ChatInputParser(), "ab\x1b\rc", "\r", monkeypatch=monkeypatch) == [
+        ("Key", "a"), ("Key", "b"), ("Key", "alt+enter"), ("Key", "c"), ("Key", "enter")]
+    # a lone Escape stays Escape
+    assert _parse(ChatInputParser(), "\x1b", "z", monkeypatch=monkeypatch) == [("Key", "escape"), ("Key", "z")]
+    # the TUI makes Textual's terminal drivers use it
+    import textual.drivers.linux_driver as linux_driver
+
+    monkeypatch.setattr(linux_driver, "XTermParser", linux_driver.XTermParser)
+    assert paste_parser.install() and linux_driver.XTermParser is ChatInputParser
+
+
+def test_status_bar_keeps_the_important_fields_at_80_columns(tmp_path, monkeypatch):
+    from rapidmoe.app.tui import status_bar
+
+    monkeypatch.setattr(status_bar, "_vram", lambda: "3.2 GiB")  # as on a machine with a GPU
+    place = "GPU 0: attention + KV + W_Q 83% (121 GB) · CPU: residuals + all experts"
+    backend = ScriptedBackend(replies=["a b c"], critical=(2, 4, 1, 8) * 12, placement=place)
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=(80, 24)) as pilot:
+            scr = await ready(pilot)
+            await reply(pilot, "hi")
+            bar = scr.status
+            await settle(pilot)
+            line = str(bar.render())
+            assert bar.size.width == 80 and len(line) <= 80
+            for field in ("500.0 tok/s", "r 3.8", "RAM ", "GPU 3.2 GiB", "GPU 0: attention"):
+                assert field in line, (field, line)
+            # the widest layout where there is room, every width in between still fits
+            assert "prompt" in str(bar.line_text(200)) and "TTFT" in str(bar.line_text(200))
+            for width in range(60, 201, 7):
+                assert bar.line_text(width).cell_len <= width
+
+    asyncio.run(main())
+
+
+def test_first_screen_speaks_plainly(tmp_path):
+    """A new user's first screen: a welcome that says what is happening and what to do,
+    a placeholder in the input, and the engine's load notes in plain words (the notes
+    here are the ones engine/model.py and engine/pack.py log on the demo's first start)."""
+    engine_notes = ["UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)",
+                    "converted 79.6 M expert weights in 16.9 s (4.7 M weights/s, source type Q4_1)"]
+    backend = ScriptedBackend(notes=engine_notes, held={"demo"})
+
+    async def main():
+        app = make_app(tmp_path, backend)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: scr.is_loading and notes(scr))
+            assert "loading the model: layer 1 of 5" in str(scr.query_one("#load-what").render())
+            welcome = notes(scr)[0]
+            assert welcome.startswith("Welcome to rapidmoe-chat. A small demo model")
+            assert "you can type meanwhile" in welcome and "Enter sends" in welcome and "/help" in welcome
+            assert scr.prompt.placeholder == "Type now: it is sent once the model is ready"
+            backend.release("demo")
+            await ready(pilot)
+            shown = notes(scr)[1:]
+            assert shown == ["Using standard speed settings for this model. Optional: `rapidmoe-chat calibrate` "
+                             "tunes them to this model and computer.",
+                             "Prepared the model for fast CPU use in 16.9 s. This happens once: later starts skip it."]
+            assert scr.prompt.placeholder == "Message · Enter sends · Ctrl+J new line · /help"
+            await reply(pilot, "hi")
+        # a returning user is not welcomed again
+        app2 = make_app(tmp_path, ScriptedBackend())
+        async with app2.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            assert not any(n.startswith("Welcome") for n in notes(scr))
+
+    asyncio.run(main())
+
+
+def test_no_history_stores_nothing(tmp_path, monkeypatch):
+    import argparse
+
+    from rapidmoe.app import cmd_chat
+    from rapidmoe.app.store import ChatStore
+    from rapidmoe.app.tui.app import app_from_args
+
+    monkeypatch.setenv("RAPIDMOE_DATA_DIR", str(tmp_path / "data"))
+    disk = ChatStore()
+    old = disk.create_chat("earlier")
+    disk.add_message(old.id, "user", "from before")
+    disk.add_message(old.id, "assistant", "answer from before")
+    disk.set_state("last_model", "used.gguf")
+    disk.close()
+    p = argparse.ArgumentParser()
+    cmd_chat.add_arguments(p)
+    backend = ScriptedBackend(replies=["fresh reply"])
+
+    async def session(argv):
+        app = app_from_args(p.parse_args(argv), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            assert "not saved" in str(scr.query_one("#title").render())
+            await reply(pilot, "a private question")
+            await pilot.press("ctrl+q")
+            await wait_for(pilot, lambda: not app.is_running)
+        return scr
+
+    asyncio.run(session(["--no-history", "-m", "other.gguf"]))
+    asyncio.run(session(["--no-history", "--continue"]))
+    assert backend.loaded == ["other.gguf", "used.gguf"]  # the last used model is still read
+    assert backend.calls[-1][:2] == [{"role": "user", "content": "from before"},
+                                     {"role": "assistant", "content": "answer from before"}]
+    disk = ChatStore()
+    assert [c.title for c in disk.list_chats()] == ["earlier"]
+    assert [m.content for m in disk.messages(old.id)] == ["from before", "answer from before"]
+    assert disk.get_state("last_model") == "used.gguf"

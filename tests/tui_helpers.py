@@ -21,12 +21,21 @@ def make_app(tmp_path, backend=None, config_text="", **kw) -> ChatApp:
                    store=ChatStore(tmp_path / "history.db"), **kw)
 
 
-async def wait_for(pilot, cond, timeout=10.0, step=0.01):
+async def wait_for(pilot, cond, timeout=60.0, step=0.01):
+    """Let the app run until cond() holds. The deadline only bounds a failure: a
+    test never asserts how long something took (a busy machine stretches all)."""
     t0 = time.perf_counter()
     while not cond():
         if time.perf_counter() - t0 > timeout:
             raise AssertionError("timed out waiting")
         await pilot.pause(step)
+
+
+async def settle(pilot):
+    """Let the app handle what is already posted to it (messages from a worker that
+    has ended, say)."""
+    await pilot.pause()
+    await pilot.pause()
 
 
 async def ready(pilot):

@@ -21,8 +21,22 @@ class ChatActions:
             self.stop_requested_at = time.perf_counter()
             self.cancel.set()  # the engine checks it between tokens; the partial reply is kept
 
+    def action_interrupt(self) -> None:
+        """Ctrl+C: copy selected text if there is some; else stop the reply or the load
+        (as Esc does); quit only when there is nothing to stop."""
+        selected = self.get_selected_text()
+        if selected:
+            self.app.copy_to_clipboard(selected)
+        elif self.generating or self.is_loading:
+            self.action_stop()
+        else:
+            self.app.exit()
+
     async def action_regenerate(self) -> None:
         if not self._ready():
+            return
+        if self.is_loading:
+            self.notify("A model is loading: regenerate once it is ready", severity="warning")
             return
         views = list(self.log_view.query(MessageView))
         msgs = self.app.store.messages(self.chat.id) if self.chat else []
@@ -88,6 +102,7 @@ class ChatActions:
         """Switch to a stored chat (None: a new, empty one)."""
         if self.defer_while_generating(self.show_chat, chat_id):
             return
+        await self.return_waiting("not sent: you left that chat")
         store = self.app.store
         self.chat = store.get_chat(chat_id) if chat_id is not None else None
         await self.log_view.remove_children()
@@ -289,6 +304,7 @@ class ChatActions:
 def _stored_footer(stats: dict | None) -> str:
     if not stats:
         return ""
-    tail = " · stopped" if stats.get("finish_reason") == "cancelled" else ""
+    tail = (" · cut off: the app was closed" if stats.get("cut") == "quit" else
+            " · stopped" if stats.get("finish_reason") == "cancelled" else "")
     return (f"{stats.get('completion_tokens', 0)} tok · {stats.get('decode_tok_s', 0):.1f} tok/s · "
             f"TTFT {stats.get('ttft_s', 0):.2f} s{tail}")

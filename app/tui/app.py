@@ -60,6 +60,7 @@ class ChatApp(App):
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.open_chat_id = chat_id
         self._theme_ready = False
+        self.chat_screen: ChatScreen | None = None
 
     def initial_model(self) -> str:
         return self.model_spec or self.config.model or self.store.get_state("last_model") or "demo"
@@ -75,7 +76,7 @@ class ChatApp(App):
     def key_summary(self) -> dict[str, str]:
         keys = {a: self.config.keys.get(a, k) for a, (k, _) in SCREEN_KEYS.items()}
         keys["send"] = self.config.keys.get("send", "enter")
-        keys["newline"] = self.config.keys.get("newline", "shift+enter,ctrl+j")
+        keys["newline"] = self.config.keys.get("newline", "shift+enter,ctrl+j,alt+enter")
         keys["quit"] = self.config.keys.get("quit", "ctrl+q")
         return keys
 
@@ -88,11 +89,14 @@ class ChatApp(App):
         self.theme_changed_signal.subscribe(self, self._save_theme)
         keymap = {a: v for a, v in self.config.keys.items() if a in SCREEN_KEYS or a == "quit"}
         self.set_keymap(keymap)
-        screen = ChatScreen()
+        screen = self.chat_screen = ChatScreen()
         await self.push_screen(screen)
+        spec = self.initial_model()
         if self.open_chat_id is not None:
             await screen.show_chat(self.open_chat_id)
-        screen.load(self.initial_model())
+        elif not self.store.list_chats():
+            screen.greet(spec)
+        screen.load(spec)
 
     def _save_theme(self, theme) -> None:
         name = getattr(theme, "name", str(theme))
@@ -105,12 +109,17 @@ class ChatApp(App):
             self.notify(f"theme not saved: {e}", severity="warning", markup=False)
 
     def on_unmount(self) -> None:
+        if self.chat_screen is not None:  # closed mid-reply (Ctrl+Q, /quit, the terminal going away)
+            self.chat_screen.save_cut_reply()
         self.store.close()
 
 
 def run_tui(args) -> int:
     """args: the parsed command line (model, ctx, system, sampling flags; each optional)."""
+    from .paste_parser import install
+
     app = app_from_args(args)
+    install()
     app.run()
     return int(app.return_code or 0)
 
@@ -152,6 +161,9 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
         chat_id = last.id if last else None
     elif chat_id is not None:
         store.get_chat(int(chat_id))  # a bad id: one clear line before the screen opens
+    if getattr(args, "no_history", False):  # read what was asked for, write nothing
+        store = ChatStore.scratch(store, chat_id=int(chat_id) if chat_id is not None else None)
+        chat_id = store.last_chat().id if chat_id is not None else None
     return ChatApp(backend=backend, store=store, model=getattr(args, "model", None), n_ctx=ctx,
                    system=getattr(args, "system", None), overrides=overrides,
                    chat_id=int(chat_id) if chat_id is not None else None)

@@ -6,7 +6,6 @@ Markdown, so the screen redraws ~25 times a second whatever the token rate.
 """
 from __future__ import annotations
 
-import gc
 import inspect
 import threading
 import time
@@ -24,8 +23,9 @@ from ...engine.errors import UserError
 from ...engine.events import Finished, PromptProcessed, TextDelta
 from .actions import ChatActions
 from .context_meter import ContextMeter
+from .loading import ModelLoading
 from .message import MessageView, Note
-from .prompt_input import PromptInput
+from .prompt_input import PromptInput, key_label
 from .status_bar import StatusBar
 
 # binding id (= action, = [keys] entry in the config) -> (default key, footer label)
@@ -49,21 +49,11 @@ class ReplyFailed(Message):
         self.error, self.view, self.prompt = error, view, prompt
 
 
-class LoadProgress(Message):
-    def __init__(self, what: str, done: int, total: int):
-        super().__init__()
-        self.what, self.done, self.total = what, done, total
-
-
-class LoadDone(Message):
-    def __init__(self, seq: int, model: Any = None, error: BaseException | None = None, spec: str = ""):
-        super().__init__()
-        self.seq, self.model, self.error, self.spec = seq, model, error, spec
-
-
-class ChatScreen(ChatActions, Screen):
+class ChatScreen(ChatActions, ModelLoading, Screen):
     BINDINGS = [Binding(k, a, label, id=a, priority=True, show=a not in ("copy_code", "editor"))
-                for a, (k, label) in SCREEN_KEYS.items()]
+                for a, (k, label) in SCREEN_KEYS.items()] + [
+        # not a priority binding: with text selected in the input, Ctrl+C copies it
+        Binding("ctrl+c", "interrupt", "Stop or quit", id="interrupt", show=False)]
 
     def __init__(self):
         super().__init__()
@@ -87,6 +77,7 @@ class ChatScreen(ChatActions, Screen):
         self._warned_ctx = False
         self._after_reply: list = []  # calls deferred until the reply being written has stopped
         self._load_seq = 0
+        self._waiting: tuple[str, MessageView] | None = None  # a message sent while the model loads
 
     def compose(self) -> ComposeResult:
         yield Static("", id="title", markup=False)
@@ -94,10 +85,9 @@ class ChatScreen(ChatActions, Screen):
         with Horizontal(id="loading"):
             yield Static("", id="load-what", markup=False)
             yield ProgressBar(id="load-bar", show_eta=False)
-        keys = self.app.config.keys
+        keys = self.app.key_summary()
         with Horizontal(id="input-row"):
-            yield PromptInput(id="prompt", send_keys=_split(keys.get("send", "enter")),
-                              newline_keys=_split(keys.get("newline", "shift+enter,ctrl+j")))
+            yield PromptInput(id="prompt", send_keys=_split(keys["send"]), newline_keys=_split(keys["newline"]))
             yield ContextMeter(id="ctx")
         yield StatusBar(id="status")
         yield Footer()
@@ -131,8 +121,19 @@ class ChatScreen(ChatActions, Screen):
 
     def _set_title(self) -> None:
         title = self.chat.title if self.chat else "New chat"
-        model = f"  ·  {self.model.name}" if self.model else ("  ·  loading…" if self.is_loading else "")
-        self.query_one("#title", Static).update(f" {title}{model}")
+        model = f"  ·  {self.model.name}" if self.model else ""
+        loading = "  ·  loading…" if self.is_loading else ""
+        unsaved = "  ·  not saved (--no-history)" if not self.app.store.persistent else ""
+        self.query_one("#title", Static).update(f" {title}{model}{loading}{unsaved}")
+
+    def greet(self, spec: str) -> None:
+        """The first screen of a new user: what is happening and what to do."""
+        keys = self.app.key_summary()
+        what = ("A small demo model, made for trying the app offline, is getting ready"
+                if spec == "demo" else f"The model {spec} is getting ready")
+        self.note(f"Welcome to rapidmoe-chat. {what}; you can type meanwhile. "
+                  f"{key_label(keys['send'])} sends your message, /help lists the keys and commands, "
+                  f"{key_label(keys['models'])} picks another model.")
 
     def arg_choices(self, command: str) -> list[str]:
         from .commands import static_choices
@@ -145,7 +146,7 @@ class ChatScreen(ChatActions, Screen):
             return [spec for spec, _ in available_models() if spec]
         return static_choices(command)
 
-    # --- model loading ---
+    # --- model loading (the rest is in loading.py) ---
     def defer_while_generating(self, fn, *args) -> bool:
         """Stop the reply being written and run fn(*args) once it is stored; True if deferred.
         Switching chats or models mid-reply must not store the reply in the wrong place."""
@@ -161,72 +162,6 @@ class ChatScreen(ChatActions, Screen):
             result = fn(*args)
             if inspect.isawaitable(result):
                 await result
-
-    def load(self, spec: str) -> None:
-        if self.defer_while_generating(self.load, spec):
-            return
-        self.load_cancel.set()  # a load still running gives way to this one
-        self._load_seq += 1
-        seq = self._load_seq
-        if self.model is not None:  # two big models at once may not fit: let go of the old one first
-            self.model = self.engine_chat = self._engine_model = None
-            self.status.set_model("no model", "")
-            gc.collect()
-        self.is_loading = True
-        self.load_cancel = threading.Event()
-        self.query_one("#loading").display = True
-        self.query_one("#load-what", Static).update(f"loading {spec} …")
-        self.status.set_state("loading")
-        self._set_title()
-        n_ctx = self.app.n_ctx
-        cancel = self.load_cancel
-
-        def progress(what: str, done: int, total: int) -> None:
-            if cancel.is_set():
-                raise KeyboardInterrupt  # hub.pull keeps the partial file for a later resume
-            self.post_message(LoadProgress(what, done, total))
-
-        def work() -> None:
-            try:
-                m = self.app.backend.load(spec, n_ctx, progress)
-            except BaseException as e:  # shown, never fatal
-                self.post_message(LoadDone(seq, error=e, spec=spec))
-            else:
-                self.post_message(LoadDone(seq, model=m, spec=spec))
-
-        self.run_worker(work, thread=True, group="load", exclusive=True)
-
-    @on(LoadProgress)
-    def _on_load_progress(self, ev: LoadProgress) -> None:
-        label = {"load": f"loading layers {ev.done}/{ev.total}",
-                 "convert": "converting to a residual-split pack (first use only)",
-                 "demo": "building the demo model (first run only)"}.get(ev.what, ev.what)
-        self.query_one("#load-what", Static).update(label)
-        self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
-
-    @on(LoadDone)
-    def _on_load_done(self, ev: LoadDone) -> None:
-        if ev.seq != self._load_seq:  # superseded by a later load
-            return
-        self.is_loading = False
-        self.query_one("#loading").display = False
-        self.status.set_state("")
-        self._set_title()
-        if ev.error is not None:
-            msg = ("loading cancelled" if isinstance(ev.error, KeyboardInterrupt)
-                   else f"cannot load {ev.spec}: {ev.error}")
-            self.note(msg, "error")
-            return
-        self.model = ev.model
-        for n in getattr(ev.model, "notes", ()):
-            self.note(n)
-        self.app.store.set_state("last_model", ev.spec)
-        self.status.set_model(self.model.name, self.model.placement)
-        self._set_title()
-        if self.chat is not None:
-            self.app.store.set_model(self.chat.id, ev.spec)
-        self.rebuild_engine_chat()
-        self.query_one(ContextMeter).set_usage(0, self.model.n_ctx, self.params().max_tokens)
 
     # --- engine chat state ---
     def params(self):
@@ -268,11 +203,17 @@ class ChatScreen(ChatActions, Screen):
         if self.generating:
             self.notify("A reply is still being written (Esc stops it)", severity="warning")
             return
+        if self.is_loading:
+            await self.wait_for_model(text)
+            return
         if self.model is None or self.engine_chat is None:
-            self.notify("No model loaded yet" + (" (loading…)" if self.is_loading else ": /model"),
-                        severity="warning")
+            self.notify("No model loaded: /model or Ctrl+L picks one", severity="warning")
             return
         self.prompt.load_text("")
+        await self.send_prompt(text)
+
+    async def send_prompt(self, text: str, view: MessageView | None = None) -> None:
+        """Store the prompt and start its reply; view: the prompt already shown (it waited)."""
         self.prompt.prompt_history.append(text)
         store = self.app.store
         if self.chat is None:
@@ -285,7 +226,11 @@ class ChatScreen(ChatActions, Screen):
             self.chat = store.get_chat(self.chat.id)
             self._set_title()
         msg = store.add_message(self.chat.id, "user", text)
-        await self.log_view.mount(MessageView("user", text, message_id=msg.id))
+        if view is None:
+            await self.log_view.mount(MessageView("user", text, message_id=msg.id))
+        else:
+            view.message_id = msg.id
+            view.set_footer("")
         await self.start_reply(text)
 
     async def start_reply(self, text: str | None) -> None:
@@ -311,6 +256,7 @@ class ChatScreen(ChatActions, Screen):
                         with self._buf_lock:
                             self._buf.append(e.text)
                             self._live["decode_tok_s"] = e.decode_tok_s
+                            self._live["tokens"] = e.completion_tokens
                             if e.critical is not None:
                                 self._live["critical"] = e.critical
                     elif isinstance(e, PromptProcessed):
@@ -345,10 +291,16 @@ class ChatScreen(ChatActions, Screen):
 
     @on(ReplyDone)
     async def _on_reply_done(self, ev: ReplyDone) -> None:
+        try:
+            await self._show_reply_done(ev)
+        finally:  # "generating" ends once the reply is stored and drawn
+            self.generating = False
+        await self._run_deferred()
+
+    async def _show_reply_done(self, ev: ReplyDone) -> None:
         await self._drain()
         f = ev.final
-        self._current = None
-        self.generating = False
+        self._current = None  # from here on the reply is stored (save_cut_reply has nothing to do)
         self.last_final = f
         if self.stop_requested_at is not None:
             latency = time.perf_counter() - self.stop_requested_at
@@ -373,12 +325,17 @@ class ChatScreen(ChatActions, Screen):
             self.notify(meter.tooltip, severity="warning", timeout=6)
         if self.stats_after_reply:
             self.note(self.stats_text())
-        await self._run_deferred()
 
     @on(ReplyFailed)
     async def _on_reply_failed(self, ev: ReplyFailed) -> None:
+        try:
+            await self._show_reply_failed(ev)
+        finally:
+            self.generating = False
+        await self._run_deferred()
+
+    async def _show_reply_failed(self, ev: ReplyFailed) -> None:
         self._current = None
-        self.generating = False
         self.status.set_state("")
         await ev.view.remove()
         err = ev.error
@@ -394,7 +351,6 @@ class ChatScreen(ChatActions, Screen):
             if views and views[-1].role == "user":
                 await views[-1].remove()
             self.prompt.load_text(ev.prompt)
-        await self._run_deferred()
 
     def stats_text(self) -> str:
         f = self.last_final
@@ -407,6 +363,24 @@ class ChatScreen(ChatActions, Screen):
         return (f"prompt {f.prompt_tokens} tok{cached} at {f.prompt_tok_s:.1f} tok/s · TTFT {f.ttft_s:.2f} s · "
                 f"reply {f.completion_tokens} tok at {f.decode_tok_s:.1f} tok/s · {f.finish_reason}{lat} · "
                 f"context {f.context_used}/{f.context_size}")
+
+    def save_cut_reply(self) -> None:
+        """The app closes mid-reply: keep what was written so far, marked as cut, so
+        the chat does not end on an unanswered prompt."""
+        view = self._current
+        if not self.generating or view is None or self.chat is None:
+            return
+        self.cancel.set()
+        with self._buf_lock:
+            text = view.text + "".join(self._buf)
+            self._buf.clear()
+            live = dict(self._live)
+        self.generating = False
+        self._current = None
+        stats = {"finish_reason": "cancelled", "cut": "quit", "completion_tokens": live.get("tokens", 0),
+                 "decode_tok_s": round(live.get("decode_tok_s") or 0.0, 2),
+                 "ttft_s": round(live.get("ttft_s") or 0.0, 4)}
+        self.app.store.add_message(self.chat.id, "assistant", text, stats)
 
     def on_unmount(self) -> None:
         self.cancel.set()

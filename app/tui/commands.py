@@ -130,7 +130,10 @@ def help_text(keys: dict[str, str]) -> str:
     width = max(len(c) + len(a) for c, (a, _) in SLASH.items()) + 2
     lines = ["Commands:"] + [f"  {(c + ' ' + a).ljust(width)} {h}" for c, (a, h) in SLASH.items()]
     lines += ["", "Keys:"] + [f"  {k.ljust(12)} {v}" for k, v in keys.items()]
-    lines += ["  ctrl+p       command palette", "  on a message: c copies it, k copies its code blocks"]
+    lines += ["  ctrl+c       stop the reply or the loading, as Esc; quit when there is nothing to stop",
+              "  ctrl+p       command palette", "  on a message: c copies it, k copies its code blocks",
+              "", "Ctrl+J adds a new line in every terminal; Shift+Enter and Alt+Enter only where the "
+              "terminal tells them apart from Enter (where it does not, they send)."]
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
-"""One chat message: a role line, a collapsible <think> block, the Markdown body
-and a stats footer. Streamed text is buffered by `feed()` and drawn by
-`flush()`, which the chat screen calls on a timer (~25 Hz), appending only the
-new tail to the Markdown widgets instead of re-rendering the whole reply."""
+"""One chat message: a role line, a collapsible <think> block, the body (a reply
+as Markdown, a prompt as typed) and a stats footer. Streamed text is buffered
+by `feed()` and drawn by `flush()`, which the chat screen calls on a timer
+(~25 Hz), appending only the new tail to the Markdown widgets instead of
+re-rendering the whole reply."""
 from __future__ import annotations
 
 import asyncio
@@ -46,7 +47,7 @@ class MessageView(Vertical, can_focus=True):
                 return "", self._text, False
             head = "\n".join(lines[:LONG_PROMPT_LINES // 2])
             more = len(lines) - LONG_PROMPT_LINES // 2
-            return "", f"{head}\n\n*… {more} more lines ({len(self._text) // 1024} KiB in all; c copies it)*", False
+            return "", f"{head}\n\n… {more} more lines ({len(self._text) // 1024} KiB in all; c copies it)", False
         return split_think(self._text, streaming=self.streaming)
 
     def compose(self) -> ComposeResult:
@@ -57,7 +58,10 @@ class MessageView(Vertical, can_focus=True):
         box.display = bool(think) or thinking
         with box:
             yield Markdown(think, classes="think-body")
-        yield Markdown(answer, classes="body")
+        if self.role == "user":  # as typed: Markdown would join its lines into one paragraph
+            yield Static(answer, classes="body", markup=False)
+        else:
+            yield Markdown(answer, classes="body")
         footer = Static(self._footer, classes="footer", markup=False)
         footer.display = bool(self._footer)
         yield footer
@@ -85,6 +89,10 @@ class MessageView(Vertical, can_focus=True):
         if not self.is_mounted:
             return
         think, answer, thinking = self._parts()
+        if self.role == "user":
+            self.query_one(".body", Static).update(answer)
+            self._shown["answer"] = answer
+            return
         async with self._lock:  # Markdown.append must not interleave
             for part, text, md in (("think", think, self.query_one(".think-body", Markdown)),
                                    ("answer", answer, self.query_one(".body", Markdown))):

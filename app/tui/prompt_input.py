@@ -1,7 +1,9 @@
-"""The prompt box: a TextArea where Enter sends, Shift+Enter / Ctrl+J insert a
-newline (both rebindable), Up/Down on an empty or untouched box walk the prompt
-history, Tab completes `/` commands. Pastes arrive as one Paste event, so a
-pasted newline never sends."""
+"""The prompt box: a TextArea where Enter sends, Shift+Enter / Ctrl+J / Alt+Enter
+insert a newline (all rebindable), Up/Down on an empty or untouched box walk the
+prompt history, Tab completes `/` commands. Pastes arrive as one Paste event,
+so a pasted newline never sends (paste_parser.py keeps that true when a
+terminal splits a long paste). Its placeholder says how to send, and that a
+message typed while the model loads waits for it."""
 from __future__ import annotations
 
 from textual import events
@@ -21,9 +23,19 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
         self.send_keys = set(send_keys)
         self.newline_keys = set(newline_keys)
+        # Ctrl+J is a plain line feed: the one newline key every terminal passes on
+        nl = "ctrl+j" if "ctrl+j" in newline_keys else (newline_keys[0] if newline_keys else "")
+        hint = f"{key_label(send_keys[0]) if send_keys else 'Enter'} sends"
+        hint += f" · {key_label(nl)} new line" if nl else ""
+        self._placeholders = {False: f"Message · {hint} · /help",  # short: 80 columns show it whole
+                              True: "Type now: it is sent once the model is ready"}
+        self.placeholder = self._placeholders[False]
         self.prompt_history: list[str] = []
         self.arg_choices = None  # command -> values for Tab completion of its argument
         self._hist_pos: int | None = None
+
+    def set_waiting(self, loading: bool) -> None:
+        self.placeholder = self._placeholders[loading]
 
     def submit(self) -> None:
         text = self.text
@@ -75,3 +87,9 @@ class PromptInput(TextArea):
         if event.is_printable or key in ("backspace", "delete"):
             self._hist_pos = None
         await super()._on_key(event)
+
+
+def key_label(keys: str) -> str:
+    """The first of "ctrl+l,f2" as people write it: "Ctrl+L"."""
+    first = next((k.strip() for k in keys.split(",") if k.strip()), keys)
+    return "+".join(p.upper() if len(p) == 1 else p.capitalize() for p in first.split("+"))

@@ -1,6 +1,7 @@
-"""The live status line: model, decode / prompt tok/s, time to first token,
+"""The live status line: decode / prompt tok/s, time to first token,
 critical-set size r (mean and a per-layer sparkline; "—" until the engine
-reports it), DRAM and VRAM in use, and where the weights live."""
+reports it), DRAM and VRAM in use, and where the weights live. It is laid out
+for its width: at 80 columns decode tok/s, r, memory and placement still show."""
 from __future__ import annotations
 
 import os
@@ -47,6 +48,18 @@ def _vram() -> str | None:
         return None
 
 
+# from the widest layout to the narrowest; the first that fits is drawn
+_LEVELS = [
+    dict(prompt=True, ttft=True, spark=24, labels=True),
+    dict(prompt=False, ttft=True, spark=24, labels=True),
+    dict(prompt=False, ttft=True, spark=12, labels=True),
+    dict(prompt=False, ttft=False, spark=12, labels=True),
+    dict(prompt=False, ttft=False, spark=0, labels=True),
+    dict(prompt=False, ttft=False, spark=0, labels=False),
+]
+PLACEMENT_MIN = 28  # cells of the placement kept before the layout gets narrower
+
+
 class StatusBar(Static):
     def __init__(self, **kw):
         super().__init__("", **kw)
@@ -64,6 +77,9 @@ class StatusBar(Static):
     def on_mount(self) -> None:
         self.sample_memory()
         self.set_interval(1.0, self.sample_memory)
+
+    def on_resize(self) -> None:
+        self.redraw()
 
     def sample_memory(self) -> None:
         self.dram = fmt_bytes(self._proc.memory_info().rss)
@@ -93,32 +109,57 @@ class StatusBar(Static):
             self.critical = tuple(critical)
         self.redraw()
 
-    def line_text(self) -> Text:
+    def line_text(self, width: int | None = None) -> Text:
+        """The line at `width` cells (the bar's own width when None). Narrow terminals drop
+        or shorten the least needed fields first: prompt tok/s, the r sparkline, TTFT, then
+        labels; decode tok/s, r, memory and placement stay (a long placement is cut)."""
+        width = width or self.size.width or 200
+        for lv in _LEVELS:
+            head = self._line(lv)
+            room = width - head.cell_len
+            if room >= 0 and (not self.placement or len(self.placement) <= room or room >= PLACEMENT_MIN):
+                break
+        if self.placement:
+            place = self.placement if len(self.placement) <= room else self.placement[:max(room - 1, 1)] + "…"
+            head.append(place)
+        head.truncate(width, overflow="ellipsis")
+        return head
+
+    def _line(self, lv: dict) -> Text:
+        """Every field but the placement, which comes last (after " │ ")."""
         def num(v, fmt):
             return "—" if v is None else format(v, fmt)
 
-        t = Text(no_wrap=True, overflow="ellipsis")
+        parts: list[list[tuple[str, str]]] = []  # fields of (text, style) runs
         if self.state:
-            t.append(f" {self.state} ", style="italic")
-            t.append("│")
-        t.append(" decode ")
-        t.append(num(self.decode_tok_s, ".1f"), style="bold")
-        t.append(" tok/s │ prompt ")
-        t.append(num(self.prompt_tok_s, ".0f"), style="bold")
-        t.append(" tok/s │ TTFT ")
-        t.append(num(self.ttft_s, ".2f") + (" s" if self.ttft_s is not None else ""), style="bold")
-        t.append(" │ r ")
+            parts.append([(self.state, "italic")])
+        decode = num(self.decode_tok_s, ".1f")
+        parts.append([("decode ", ""), (decode, "bold"), (" tok/s", "")] if lv["labels"] else
+                     [(decode, "bold"), (" tok/s", "")])
+        if lv["prompt"]:
+            parts.append([("prompt ", ""), (num(self.prompt_tok_s, ".0f"), "bold"), (" tok/s", "")])
+        if lv["ttft"]:
+            parts.append([("TTFT ", ""), (num(self.ttft_s, ".2f") + (" s" if self.ttft_s is not None else ""),
+                                          "bold")])
         if self.critical:
             mean = sum(self.critical) / len(self.critical)
-            t.append(f"{mean:.1f} ", style="bold")
-            t.append(sparkline(self.critical), style="cyan")
+            r = [("r ", ""), (f"{mean:.1f}", "bold")]
+            if lv["spark"]:
+                r.append((" " + sparkline(self.critical, width=lv["spark"]), "cyan"))
+            parts.append(r)
         else:
-            t.append("—", style="bold")
-        t.append(f" │ DRAM {self.dram}")
+            parts.append([("r ", ""), ("—", "bold")])
+        mem = f"DRAM {self.dram}" if lv["labels"] else f"RAM {self.dram}"
         if self.vram:
-            t.append(f" │ VRAM {self.vram}")
+            mem += f" · VRAM {self.vram}" if lv["labels"] else f" · GPU {self.vram}"
+        parts.append([(mem, "")])
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for i, runs in enumerate(parts):
+            t.append(" │ " if i else " ")
+            for text, style in runs:
+                t.append(text, style=style)
         if self.placement:
-            t.append(f" │ {self.placement}")
+            t.append(" │ ")
         return t
 
     def redraw(self) -> None:

@@ -1,0 +1,128 @@
+"""Loading a model, a mixin of ChatScreen: the backend loads in a thread worker
+and posts its progress; the model in use stays until the new one has loaded
+(a load that fails or is cancelled changes nothing), and a message sent
+meanwhile is shown as waiting and sent once the model is ready."""
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any
+
+from textual.message import Message
+from textual.widgets import ProgressBar, Static
+
+from .context_meter import ContextMeter
+from .message import MessageView
+from .plain_words import plain_note, progress_label
+
+WAITING_FOOTER = "waiting for the model to load · sent when it is ready (Esc cancels the load)"
+
+
+class LoadProgress(Message):
+    def __init__(self, what: str, done: int, total: int):
+        super().__init__()
+        self.what, self.done, self.total = what, done, total
+
+
+class LoadDone(Message):
+    def __init__(self, seq: int, model: Any = None, error: BaseException | None = None, spec: str = ""):
+        super().__init__()
+        self.seq, self.model, self.error, self.spec = seq, model, error, spec
+
+
+class ModelLoading:
+    def load(self, spec: str) -> None:
+        if self.defer_while_generating(self.load, spec):
+            return
+        self.load_cancel.set()  # a load still running gives way to this one
+        self._load_seq += 1
+        seq = self._load_seq
+        self.is_loading = True
+        self.load_cancel = threading.Event()
+        self.query_one("#loading").display = True
+        self.query_one("#load-what", Static).update(f"loading {spec} …")
+        self.query_one("#load-bar", ProgressBar).update(total=None, progress=0)
+        self.status.set_state("loading")
+        self._set_title()
+        self.prompt.set_waiting(True)
+        n_ctx = self.app.n_ctx
+        cancel = self.load_cancel
+
+        def progress(what: str, done: int, total: int) -> None:
+            if cancel.is_set():
+                raise KeyboardInterrupt  # hub.pull keeps the partial file for a later resume
+            self.post_message(LoadProgress(what, done, total))
+
+        def work() -> None:
+            try:
+                m = self.app.backend.load(spec, n_ctx, progress)
+            except BaseException as e:  # shown, never fatal
+                self.post_message(LoadDone(seq, error=e, spec=spec))
+            else:
+                self.post_message(LoadDone(seq, model=m, spec=spec))
+
+        self.run_worker(work, thread=True, group="load", exclusive=True)
+
+    def on_load_progress(self, ev: LoadProgress) -> None:
+        self.query_one("#load-what", Static).update(progress_label(ev.what, ev.done, ev.total))
+        self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
+
+    async def on_load_done(self, ev: LoadDone) -> None:
+        if ev.seq != self._load_seq:  # superseded by a later load
+            return
+        self.is_loading = False
+        self.query_one("#loading").display = False
+        self.status.set_state("")
+        self.prompt.set_waiting(False)
+        if ev.error is not None:
+            self._set_title()
+            still = f"; still using {self.model.name}" if self.model is not None else ""
+            msg = ("loading cancelled" if isinstance(ev.error, KeyboardInterrupt)
+                   else f"cannot load {ev.spec}: {ev.error}")
+            self.note(msg + still, "error")
+            await self.return_waiting("not sent: the model did not load")
+            return
+        if self.model is not None:  # let go of the old model (and its KV cache) before using the new
+            self.model = self.engine_chat = self._engine_model = None
+            gc.collect()
+        self.model = ev.model
+        for n in getattr(ev.model, "notes", ()):
+            self.note(plain_note(n))
+        self.app.store.set_state("last_model", ev.spec)
+        self.status.set_model(self.model.name, self.model.placement)
+        self._set_title()
+        if self.chat is not None:
+            self.app.store.set_model(self.chat.id, ev.spec)
+        self.rebuild_engine_chat()
+        self.query_one(ContextMeter).set_usage(0, self.model.n_ctx, self.params().max_tokens)
+        if self._waiting is not None:
+            text, view = self._waiting
+            self._waiting = None
+            await self.send_prompt(text, view)
+
+    # --- a message that waits for the model ---
+    async def wait_for_model(self, text: str) -> None:
+        if self._waiting is not None:
+            self.notify("A message is already waiting for the model", severity="warning")
+            return
+        self.prompt.load_text("")
+        view = MessageView("user", text, footer=WAITING_FOOTER)
+        self._waiting = (text, view)
+        await self.log_view.mount(view)
+
+    async def return_waiting(self, why: str) -> None:
+        """The waiting message will not be sent: back into the input (or, when something
+        new is typed there, into the prompt history: Up brings it back)."""
+        if self._waiting is None:
+            return
+        text, view = self._waiting
+        self._waiting = None
+        if view.is_mounted:
+            await view.remove()
+        if not self.prompt.text.strip():
+            self.prompt.load_text(text)
+            self.prompt.move_cursor(self.prompt.document.end)
+            self.note(f"{why}; your message is back in the input")
+        else:
+            self.prompt.prompt_history.append(text)
+            self.note(f"{why}; Up in the input brings your message back")
