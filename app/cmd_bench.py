@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from ..engine.errors import UserError
+from .cmd_plan import add_placement_arguments, plan_request
 from .cmd_chat import note
 
 
@@ -43,9 +44,22 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
+    add_placement_arguments(p)
     p.add_argument("--json", action="store_true", help="stdout: only a JSON list of row objects")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process: one setting
     p.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)  # measured by the parent
+
+
+def _placement_argv(args) -> list[str]:
+    """The placement flags again, for the child process of each setting."""
+    out = []
+    for flag, v in (("--vram-budget", args.vram_budget), ("--dram-budget", args.dram_budget),
+                    ("--mode", args.mode), ("--cache-fraction", args.cache_fraction)):
+        if v is not None:
+            out += [flag, str(v)]
+    if args.gpus is not None:
+        out += ["--gpus", ",".join(map(str, args.gpus))]
+    return out
 
 
 def _threads(args) -> int:
@@ -85,7 +99,7 @@ def run(args) -> int:
         label = "full precision" if s is None else f"critical {s}"
         print(f"bench: {label}, {threads} threads, pp{args.n_prompt} + tg{args.n_gen} ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "rapidmoe.app.cli", "bench", "--one", "-m", str(src), "--threads", str(threads),
-               "-p", str(args.n_prompt), "-n", str(args.n_gen), "--bandwidth", str(bw)]
+               "-p", str(args.n_prompt), "-n", str(args.n_gen), "--bandwidth", str(bw), *_placement_argv(args)]
         cmd += ["--precision", "full"] if s is None else ["--critical", str(s)]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if r.returncode != 0:
@@ -103,7 +117,8 @@ def _run_one(args) -> int:
 
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "auto")
-    rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0, args.bandwidth)
+    rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0, args.bandwidth,
+                       plan_request(args))
     print(json.dumps(rows))
     return 0
 
@@ -123,5 +138,7 @@ def _table(rows: list[dict]) -> None:
                 else f"{'—':>6}")
         print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
               f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
+    for where in dict.fromkeys(r.get("placement") for r in rows if r.get("placement")):
+        print(f"placement: {where}")
     if rows:
         print(f"read bandwidth measured: {rows[0]['read_bandwidth_gbs']:.2f} GB/s with {rows[0]['threads']} threads")

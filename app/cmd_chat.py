@@ -9,6 +9,7 @@ import threading
 
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
+from .cmd_plan import add_placement_arguments, plan_request
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "UMIA picks them per token and layer (the default of -p and the TUI)")
     p.add_argument("--precision", choices=("split", "full"), default=None,
                    help="full: the source weights as they are (no residual split)")
+    add_placement_arguments(p)
 
 
 def _critical_arg(v: str) -> int | str:
@@ -110,7 +112,8 @@ def load_for_cli(args, quiet: bool = False, default_split: bool = False):
     try:
         with StepProgress(enabled=not quiet) as prog:
             return load_model(args.model, n_ctx=args.ctx, progress=prog, download_progress=dl,
-                              critical=critical_setting(args, default_split), log=note)
+                              critical=critical_setting(args, default_split), log=note,
+                              placement=plan_request(args))
     finally:
         if dl is not None:
             dl.close()
@@ -137,13 +140,13 @@ def run_prompt(args, prompt: str) -> int:
 
     # bad flags and a bad --chat id fail before anything is loaded or converted
     SamplingParams().with_overrides(**sampling_overrides(args)).validate()
+    if args.raw and args.system:
+        raise UserError("--system has no effect with --raw")
     stored = None if args.raw else _stored_chat(args)
     model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
     params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
     if args.raw:
-        if args.system:
-            raise UserError("--system has no effect with --raw")
         sess = Session(model, params)
         events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
     else:
@@ -181,6 +184,7 @@ def run_prompt(args, prompt: str) -> int:
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
             "ttft_s": round(final.ttft_s, 4), "prompt_tok_s": round(final.prompt_tok_s, 2),
             "decode_tok_s": round(final.decode_tok_s, 2), "finish_reason": final.finish_reason,
+            "placement": model.placement, "plan_mode": model.plan.mode if model.plan else None,
         }) + "\n")
     else:
         if not final.text.endswith("\n"):
@@ -191,6 +195,7 @@ def run_prompt(args, prompt: str) -> int:
         print(f"prompt: {final.prompt_tokens} tokens, {final.prompt_tok_s:.1f} tok/s | "
               f"decode: {final.completion_tokens} tokens, {final.decode_tok_s:.1f} tok/s | "
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
+        print(f"placement: {model.placement}", file=sys.stderr)
     out.flush()
     return 0
 

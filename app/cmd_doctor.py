@@ -103,6 +103,9 @@ def print_report(d: dict, out=None) -> None:
             cc = ".".join(str(x) for x in g["compute_capability"])
             w(f"GPU {g['index']}        {g['name']}, {_gb(g['total_bytes'])} total, {_gb(g['free_bytes'])} free, "
               f"compute {cc}\n")
+        if c["gpu_source"] == "standin":
+            w("             a stand-in set by RAPIDMOE_STANDIN_GPU: the GPU path runs with its device work on the "
+              "CPU (no real GPU is used)\n")
     else:
         w(f"GPU          none ({c['note'] or 'not found'})\n")
     w(f"CUDA         via {c['gpu_source']}; NVML bindings {'yes' if c['nvml_bindings'] else 'no'}; "

@@ -17,8 +17,8 @@ def _gib(v: str) -> float:
         x = float(v)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected GiB, got {v!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
+    if not (x > 0 and x < 1e9):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError("must be a size in GiB > 0")
     return x
 
 
@@ -34,9 +34,8 @@ def _gpu_list(v: str) -> list[int]:
     return out
 
 
-def add_arguments(p) -> None:
-    p.add_argument("-m", "--model", default="demo", help="GGUF path, Hugging Face REPO[:QUANT], or 'demo' (the default)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+def add_placement_arguments(p) -> None:
+    """The flags that shape a plan: `plan`, chat, -p, eval and bench take the same."""
     p.add_argument("--vram-budget", type=_gib, default=None, metavar="GiB",
                    help="VRAM to use on each GPU (default: its free VRAM)")
     p.add_argument("--dram-budget", type=_gib, default=None, metavar="GiB",
@@ -46,6 +45,25 @@ def add_arguments(p) -> None:
                    help="force a mode (default: the fastest that fits)")
     p.add_argument("--cache-fraction", type=float, default=None, metavar="F",
                    help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
+
+
+def plan_request(args):
+    """Parsed placement flags -> engine.plan.PlanRequest."""
+    from ..engine.hardware import GiB
+    from ..engine.plan import PlanRequest
+
+    if args.cache_fraction is not None and not 0.0 <= args.cache_fraction <= 1.0:
+        raise UserError("--cache-fraction must be within [0, 1]")
+    return PlanRequest(vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
+                       dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
+                       gpus=tuple(args.gpus) if args.gpus is not None else None, mode=args.mode,
+                       cache_fraction=args.cache_fraction)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-m", "--model", default="demo", help="GGUF path, Hugging Face REPO[:QUANT], or 'demo' (the default)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+    add_placement_arguments(p)
     p.add_argument("--hardware", default=None, metavar="FILE.json",
                    help="plan for the machine this JSON describes (doctor --json's \"hardware\" object)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -86,26 +104,12 @@ def resolve(spec: str):
     return resolve_model_path(spec)
 
 
-def _frequencies(path, sizes):
-    """Expert activation counts from this model's calibration, when there is one."""
-    from ..engine.paths import cache_dir
-    from ..engine.plan_sizes import load_expert_frequencies
-
-    d = cache_dir() / "calibration"
-    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
-    if not d.is_dir() or not any(d.glob(f"{stem}.*.json")):
-        return None  # nothing to read: spare the import of the calibration code (torch)
-    from ..engine.calibrate import calibration_path
-
-    return load_expert_frequencies(calibration_path(path), sizes)
-
-
 def make_plan(args):
     """-> (Plan, ModelSizes) for the parsed arguments."""
     from ..engine.gguf.reader import GGUFFile
-    from ..engine.hardware import GiB, detect
-    from ..engine.plan import plan
-    from ..engine.plan_sizes import sizes_from_gguf
+    from ..engine.hardware import detect
+    from ..engine.plan import plan_model
+    from ..engine.plan_sizes import calibrated_frequencies, sizes_from_gguf
 
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
@@ -113,11 +117,7 @@ def make_plan(args):
     with GGUFFile(path) as g:
         sizes = sizes_from_gguf(g)
     hw = load_hardware(args.hardware) if args.hardware else detect()
-    freqs = _frequencies(path, sizes)
-    p = plan(sizes, hw, args.ctx,
-             vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
-             dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
-             gpus=args.gpus, mode=args.mode, cache_fraction=args.cache_fraction, freqs=freqs)
+    p = plan_model(sizes, hw, args.ctx, plan_request(args), calibrated_frequencies(path, sizes))
     return p, sizes
 
 

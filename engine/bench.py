@@ -77,37 +77,37 @@ def resident_model_bytes(model) -> int:
 
 
 def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int,
-                read_gbs: float | None) -> list[dict]:
+                read_gbs: float | None, placement=None) -> list[dict]:
     """read_gbs: the machine's read bandwidth, measured by the caller (the probe's
-    buffer must not count in this process's peak RSS); None when not measured."""
+    buffer must not count in this process's peak RSS); None when not measured.
+    placement: the plan request (engine.plan.PlanRequest) the model loads with."""
     from .model import load_model
 
     kernels.set_num_threads(threads)
     torch.set_num_threads(threads)
     bw = read_gbs
-    model = load_model(spec, n_ctx=n_prompt + n_gen + 1, critical=critical)
+    model = load_model(spec, n_ctx=n_prompt + n_gen + 1, critical=critical, placement=placement)
     # touch every weight once so pages are resident before timing (as mmap + warm-up does)
     rng = np.random.default_rng(0)
     V = model.cfg.n_vocab
     prompt = torch.from_numpy(rng.integers(10, V - 10, n_prompt))
-    cache = model.net.new_cache(model.n_ctx)
-    model.net.forward(prompt[:16], 0, cache, last_only=True)  # warm-up: weights paged in
+    run = model.runner
+    cache = run.new_cache(model.n_ctx)
+    run.prefill(prompt[:16], 0, cache, last_only=True)  # warm-up: weights paged in
     # decode first, so its peak RSS is read before prefill's larger activations exist
-    cache = model.net.new_cache(model.n_ctx)
+    cache = run.new_cache(model.n_ctx)
     toks = rng.integers(10, V - 10, n_gen)
-    model.net.forward(torch.tensor([int(toks[0])]), 0, cache)  # warm-up token at position 0
+    run.decode(int(toks[0]), 0, cache)  # warm-up token at position 0
     rs = []
     t0 = time.perf_counter()
     for i in range(n_gen):
-        model.net.forward(torch.tensor([int(toks[i])]), i + 1, cache)
-        rs.append(model.net.mean_critical())
+        rs.append(run.decode(int(toks[i]), i + 1, cache)[1].mean_r)
     t_tg = time.perf_counter() - t0
     peak_decode = _peak_rss()
-    cache = model.net.new_cache(model.n_ctx)
+    cache = run.new_cache(model.n_ctx)
     t0 = time.perf_counter()
-    model.net.forward(prompt, 0, cache, last_only=True)
+    pp_r = run.prefill(prompt, 0, cache, last_only=True)[1].mean_r
     t_pp = time.perf_counter() - t0
-    pp_r = _mean_r_all_tokens(model)
     peak = _peak_rss()
     r_vals = [r for r in rs if r is not None]
     mean_r = float(np.mean(r_vals)) if r_vals else None
@@ -115,7 +115,7 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     base = {"model": Path(model.path).name, "critical": model.critical if model.critical is not None else -1,
             "precision": "full" if model.critical is None else "split",
             "policy": None if model.critical is None else "umia" if model.critical == "auto" else "fixed",
-            "threads": threads,
+            "threads": threads, "placement": model.placement,
             "peak_rss_bytes": int(peak), "rss_after_imports_bytes": int(rss0),
             "model_bytes": resident_model_bytes(model), "kv_bytes": model.net.kv_bytes(model.n_ctx),
             "read_bandwidth_gbs": round(bw, 2) if bw else None}
@@ -127,14 +127,6 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
          "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
     ]
     return rows
-
-
-def _mean_r_all_tokens(model) -> float | None:
-    """Mean critical-set size over the layers and every token of the last forward call."""
-    layers = model.net._split_experts()
-    if not layers or any(e.last_r is None for e in layers):
-        return None
-    return float(np.mean([e.last_r.mean() for e in layers]))
 
 
 def _peak_rss() -> int:

@@ -137,7 +137,7 @@ class Calibrator:
         if n < seg_len:
             raise UserError(f"the calibration text is shorter than one segment ({seg_len} tokens)")
         self.tokens = tokens[:n]
-        self.experts = model.net._split_experts()
+        self.layers = [f.layer for f in model.net.moe_layers()]
         self.base: list[np.ndarray] = []  # per segment: log-softmax [S, V] at r = k
         self.base_top: list[np.ndarray] = []
 
@@ -147,26 +147,23 @@ class Calibrator:
         rec = {"prefill": {}, "decode": {}}
         rec_w: dict | None = {} if record else None
         rec_ids: dict = {}
-        counts = {e.layer: np.zeros(self.model.cfg.n_expert, np.int64) for e in self.experts}
+        counts = {il: np.zeros(self.model.cfg.n_expert, np.int64) for il in self.layers}
         half = self.seg_len // 2
         kl_sum, flips, n = 0.0, 0, 0
         n_seg = len(self.tokens) // self.seg_len
         for s in range(n_seg):
             seg = self.tokens[s * self.seg_len:(s + 1) * self.seg_len]
-            cache = self.model.net.new_cache(self.seg_len)
+            run = self.model.runner
+            cache = run.new_cache(self.seg_len)
             outs = []
             for lo, hi, phase in ((0, half, "prefill"), (half, self.seg_len, "decode")):
                 pol = _PhasePolicy(choose, phase == "prefill", rec[phase], rec_w)
-                for e in self.experts:
-                    e.policy = pol
-                outs.append(self.model.net.forward(torch.tensor(seg[lo:hi]), lo, cache).numpy())
-                for blk in self.model.net.blocks:
-                    ids = getattr(getattr(blk, "ffn", None), "last_ids", None)
-                    il = getattr(getattr(getattr(blk, "ffn", None), "experts", None), "layer", None)
-                    if ids is not None and il in counts:
-                        counts[il] += np.bincount(ids.reshape(-1).numpy(), minlength=len(counts[il]))
-                        if record:
-                            rec_ids.setdefault(il, []).append(ids.numpy().astype(np.int32))
+                logits, trace = run.prefill(seg[lo:hi], lo, cache, policy=pol)
+                outs.append(logits.numpy())
+                for il, ids in trace.ids.items():
+                    counts[il] += np.bincount(ids.reshape(-1), minlength=len(counts[il]))
+                    if record:
+                        rec_ids.setdefault(il, []).append(ids.astype(np.int32))
             lp = log_softmax(np.concatenate(outs)).astype(np.float32)  # [S, V]
             if len(self.base) < n_seg:
                 self.base.append(lp)
@@ -287,13 +284,17 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
               progress=None, log=None, slopes=ALPHA_SLOPES) -> dict:
     """Fit, cache and return the calibration record of this model on this machine."""
     from .model import load_model
+    from .plan import PlanRequest
 
     if budget < 1.0:
         raise UserError("the latency budget must be >= 1 (a multiple of the r = 1 time)")
     if seg_len < 4 or seg_len % 2:
         raise UserError("the segment length must be an even number >= 4")
     t_start = time.perf_counter()
-    model = load_model(model_path, n_ctx=seg_len, critical="k", progress=progress, log=log)
+    # the CPU step: the latency model is measured on the CPU kernels (a GPU plan's
+    # step would need its own; its r is still chosen by this profile)
+    model = load_model(model_path, n_ctx=seg_len, critical="k", progress=progress, log=log,
+                       placement=PlanRequest(mode="cpu"))
     if model.critical is None:
         raise UserError(f"{Path(model_path).name} has no routed experts: nothing to calibrate")
     k, cfg = model.cfg.n_expert_used, model.cfg

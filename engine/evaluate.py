@@ -5,22 +5,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .errors import UserError
 
 CHUNK = 256
 
 
-def all_logits(model, tokens: list[int], progress=None) -> np.ndarray:
-    """tokens [T] -> logits float32 [T, V], row i = logits after token i."""
+def all_logits(model, tokens: list[int], progress=None, policy=None) -> np.ndarray:
+    """tokens [T] -> logits float32 [T, V], row i = logits after token i (policy:
+    the critical-set policy; None: the model's own)."""
     if len(tokens) > model.n_ctx:
         raise UserError(f"the text is {len(tokens)} tokens but the context holds {model.n_ctx} (raise --ctx or shorten it)")
-    cache = model.net.new_cache(model.n_ctx)
+    cache = model.runner.new_cache(model.n_ctx)
     out = np.empty((len(tokens), model.cfg.n_vocab), dtype=np.float32)
     for i in range(0, len(tokens), CHUNK):
         chunk = tokens[i:i + CHUNK]
-        out[i:i + len(chunk)] = model.net.forward(torch.tensor(chunk), i, cache).numpy()
+        out[i:i + len(chunk)] = model.runner.prefill(chunk, i, cache, policy)[0].numpy()
         if progress:
             progress("eval", min(i + CHUNK, len(tokens)), len(tokens))
     return out

@@ -23,7 +23,9 @@ class Session:
     def __init__(self, model, params: SamplingParams | None = None):
         self.model = model
         self.params = params or SamplingParams.from_metadata(model.metadata)
-        self.cache = model.net.new_cache(model.n_ctx)
+        self.runner = model.runner
+        self.cache = self.runner.new_cache(model.n_ctx)
+        self.last_trace = None  # StepTrace of the last prefill or decode call
         self.tokens: list[int] = []  # what the KV cache holds, in order
 
     @property
@@ -41,7 +43,8 @@ class Session:
                 return None
             chunk = new[i:i + PREFILL_CHUNK]
             pos0 = len(self.tokens)
-            logits = self.model.net.forward(torch.tensor(chunk), pos0, self.cache, last_only=True)[0]
+            out, self.last_trace = self.runner.prefill(chunk, pos0, self.cache, last_only=True)
+            logits = out[0]
             self.tokens.extend(chunk)
         return logits
 
@@ -100,7 +103,8 @@ class Session:
             # emit what can no longer become part of a stop string
             safe = len(text) if reason else max(emitted, len(text) - hold)
             if safe > emitted:
-                yield TextDelta(text[emitted:safe], n_out, decode_tok_s, self.model.net.critical_sizes())
+                yield TextDelta(text[emitted:safe], n_out, decode_tok_s,
+                                self.last_trace.critical if self.last_trace else None)
                 emitted = safe
             if reason:
                 break  # the last sampled token is not fed: the next turn's prefix match copes
@@ -116,8 +120,7 @@ class Session:
                        len(self.tokens), self.n_ctx)
 
     def _feed(self, token: int) -> torch.Tensor:
-        pos0 = len(self.tokens)
-        logits = self.model.net.forward(torch.tensor([token]), pos0, self.cache)[0]
+        logits, self.last_trace = self.runner.decode(token, len(self.tokens), self.cache)
         self.tokens.append(token)
         return logits
 

@@ -49,7 +49,7 @@ class HardwareRecord:
     amx_reason: str = ""
     disk_free_bytes: int = 0  # in the cache dir (packs are written there)
     cgroup_memory_limit_bytes: int | None = None
-    gpu_source: str = "none"  # "nvml" | "nvidia-smi" | "torch" | "none"
+    gpu_source: str = "none"  # "nvml" | "nvidia-smi" | "torch" | "standin" | "none"
     gpu_note: str = ""  # why no GPU was found, when none was
 
     @property
@@ -196,8 +196,30 @@ def _torch_gpus() -> tuple[list[GPUInfo] | None, str]:
         return None, f"torch CUDA query failed ({e})"
 
 
+STANDIN_ENV = "RAPIDMOE_STANDIN_GPU"
+STANDIN_NAME = "stand-in GPU (CPU)"
+
+
+def standin_gpus(value: str) -> tuple[GPUInfo, ...]:
+    """RAPIDMOE_STANDIN_GPU=24 or 24,12 (GiB each) -> GPUs that the whole GPU path
+    runs on, with the device work done by the CPU: the wiring is tested without one."""
+    from .errors import UserError
+
+    try:
+        sizes = [float(v) for v in value.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(not 0 < g < 1e6 for g in sizes):
+        raise UserError(f"{STANDIN_ENV} must be GiB per stand-in GPU, like 24 or 24,12 (got {value!r})")
+    return tuple(GPUInfo(i, STANDIN_NAME, int(g * GiB), int(g * GiB), (0, 0), f"standin-{i}")
+                 for i, g in enumerate(sizes))
+
+
 def detect_gpus() -> tuple[tuple[GPUInfo, ...], str, str]:
-    """-> (gpus, source, note). CUDA_VISIBLE_DEVICES is honoured (torch applies it itself)."""
+    """-> (gpus, source, note). CUDA_VISIBLE_DEVICES is honoured (torch applies it itself).
+    RAPIDMOE_STANDIN_GPU replaces whatever is there by stand-in GPUs (source "standin")."""
+    if os.environ.get(STANDIN_ENV):
+        return standin_gpus(os.environ[STANDIN_ENV]), "standin", "stand-in GPU: the device work runs on the CPU"
     notes = []
     for source, probe in (("nvml", _nvml_gpus), ("nvidia-smi", _smi_gpus)):
         rows, why = probe()

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from . import kernels
+from .errors import UserError
 
 PREFILL_CHUNK = 64  # tokens per timed prefill call
 QUIET_PCT = 20  # percentile of repeated timings taken as the cost
@@ -86,7 +86,9 @@ def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np
     the r values interleaved so that load on a shared machine spreads evenly; then
     `steps` whole decode steps at each of decode_points(k), interleaved, for decode's
     cost per critical expert and what lies outside the experts."""
-    experts = model.net._split_experts()
+    experts = model.runner.split_layers()
+    if not experts:
+        raise UserError("the latency model times the CPU step's split layers: calibrate with a CPU plan (--mode cpu)")
     k = model.cfg.n_expert_used
     H = model.cfg.n_embd
     rng = np.random.default_rng(0)
@@ -128,25 +130,19 @@ def _decode_steps(model, rs: list[int], n: int, progress=None) -> list[float]:
     in a fresh random order every round, all at the same position (it wraps at n_ctx)."""
     from .moe.resplit import FixedCritical
 
-    experts = model.net._split_experts()
-    saved = [e.policy for e in experts]
+    run = model.runner
     ctx = max(1, min(model.n_ctx, n + 1))
-    caches = {r: model.net.new_cache(ctx) for r in rs}
+    caches = {r: run.new_cache(ctx) for r in rs}
+    policies = {r: FixedCritical(int(r)) for r in rs}
     times: dict[int, list[float]] = {r: [] for r in rs}
     rng = np.random.default_rng(1)
-    try:
-        for i in range(n + 1):
-            pos = i % ctx
-            for r in rng.permutation(rs):
-                for e in experts:
-                    e.policy = FixedCritical(int(r))
-                t0 = time.perf_counter()
-                model.net.forward(torch.tensor([17 + pos]), pos, caches[r])
-                if i:  # the first round warms up
-                    times[r].append(time.perf_counter() - t0)
-            if progress and i:
-                progress(i)
-    finally:
-        for e, p in zip(experts, saved):
-            e.policy = p
+    for i in range(n + 1):
+        pos = i % ctx
+        for r in rng.permutation(rs):
+            t0 = time.perf_counter()
+            run.decode(17 + pos, pos, caches[r], policies[r])
+            if i:  # the first round warms up
+                times[r].append(time.perf_counter() - t0)
+        if progress and i:
+            progress(i)
     return [float(np.percentile(times[r], QUIET_PCT)) for r in rs]

@@ -10,6 +10,7 @@ from .config import ModelConfig, config_from_metadata
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .models import arch_module
+from .plan import PlanRequest
 from .weights import Weights
 
 
@@ -24,6 +25,13 @@ class Model:
     file_bytes: int = 0
     critical: int | str | None = None  # None: full precision; r: residual split with r critical experts; "auto": UMIA
     weights: Any = None  # weights.Weights: which tensors the model uses
+    runner: Any = None  # runner.Runner: the one door to the forward pass
+    plan: Any = None  # plan.Plan the model was placed by (None: full precision, on the CPU)
+    placement: str = "CPU"  # one line: where each part runs
+
+    @property
+    def policy(self):
+        return self.runner.policy
 
 
 def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_progress=None) -> Path:
@@ -47,39 +55,51 @@ def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_p
 
 
 def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progress=None,
-               download_progress=None, critical: int | str | None = None, log=None) -> Model:
-    """critical: None runs the source weights (full precision); an integer r or
-    "k" (all routed experts) runs the residual-split pack (converted on first
-    use) with r critical experts per token; "auto" lets UMIA pick r per token and
-    layer (the calibrated profile of this model and machine, else the default). progress(step: str, done: int, total: int) is called during
-    conversion and loading; download_progress(DownloadProgress) while a Hub
-    model is pulled; log(str) gets one-off notes."""
+               download_progress=None, critical: int | str | None = None, log=None,
+               placement: PlanRequest | None = None) -> Model:
+    """critical: None runs the source weights (full precision, on the CPU); an
+    integer r or "k" (all routed experts) runs the residual-split pack (converted
+    on first use) with r critical experts per token; "auto" lets UMIA pick r per
+    token and layer (the calibrated profile of this model and machine, else the
+    default). The split path is placed by the plan (engine/plan.py) of this
+    machine and `placement` (budgets, mode, W_Q cache fraction): a GPU plan runs
+    the GPU step, a `cpu` plan the CPU step; a plan that does not fit is refused
+    before anything is converted. progress(step: str, done: int, total: int) is
+    called during conversion and loading; download_progress(DownloadProgress)
+    while a Hub model is pulled; log(str) gets one-off notes."""
     path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
     gguf = GGUFFile(path)
     cfg = config_from_metadata(gguf.metadata, str(path))
-    policy = None
-    if critical is not None:
-        policy = _split_policy(cfg, critical, log, path)
-        if policy is not None:
-            from .pack import convert, source_identity, verify_pack
-
-            _check_plan_fits(gguf, n_ctx or min(cfg.n_ctx_train, 4096))
-
-            pack = convert(path, progress=progress, log=log)
-            gguf.close()
-            gguf = verify_pack(pack, source_identity(path))
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     if ctx <= 0:
         raise UserError(f"bad context size {ctx}")
     if ctx > cfg.n_ctx_train:
         raise UserError(f"context {ctx} exceeds the model's trained context {cfg.n_ctx_train}")
-    W = Weights(gguf, split_policy=policy)
+    p = hw = None
+    if critical is not None and cfg.n_expert:  # the plan first: one that does not fit is refused before all else
+        p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
+    policy = _split_policy(cfg, critical, log, path) if critical is not None else None
+    if policy is not None:
+        from .pack import convert, source_identity, verify_pack
+
+        pack = convert(path, progress=progress, log=log)
+        gguf.close()
+        gguf = verify_pack(pack, source_identity(path))
+    elif placement is not None and placement.mode not in (None, "cpu"):
+        raise UserError(f"--mode {placement.mode} places the residual split: it needs --critical, not full precision")
+    W = Weights(gguf, is_pack=policy is not None)
 
     def layer_progress(done, total):
         if progress:
             progress("load", done, total)
 
     net = arch_module(cfg.arch).build(cfg, W, ctx, layer_progress)
+    from .runner import Runner
+
+    runner = Runner(net, policy)
+    where = "full precision · CPU" if policy is None else p.describe()
+    if p is not None and p.mode != "cpu":
+        runner, where = _gpu_step(net, policy, p, hw, progress)
     from .tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(gguf.metadata)
@@ -87,20 +107,61 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         raise ModelFileError(path, f"tokenizer has {tok.n_vocab} tokens, model {cfg.n_vocab}")
     return Model(path=path, cfg=cfg, metadata=gguf.metadata, net=net, n_ctx=ctx, tokenizer=tok,
                  file_bytes=gguf.size_bytes, critical=policy.r if policy is not None else None,
-                 weights=W)
+                 weights=W, runner=runner, plan=p, placement=where)
 
 
-def _check_plan_fits(gguf: GGUFFile, ctx: int) -> None:
-    """Refuse, before converting anything, a model whose CPU-centric plan (what
-    this engine loads) does not fit this machine's DRAM."""
+def _plan(gguf: GGUFFile, path: Path, ctx: int, req: PlanRequest):
+    """This machine's plan for the split path; refuse one that does not fit,
+    before anything is converted or uploaded."""
     from .hardware import detect
-    from .plan import plan
-    from .plan_sizes import sizes_from_gguf
+    from .plan import plan_model
+    from .plan_sizes import calibrated_frequencies, sizes_from_gguf
 
-    p = plan(sizes_from_gguf(gguf), detect(amx=False), ctx, mode="cpu")
+    hw = detect(amx=False)
+    sizes = sizes_from_gguf(gguf)
+    p = plan_model(sizes, hw, ctx, req, calibrated_frequencies(path, sizes))
     if not p.fits:
         raise UserError(f"{p.reason}" + (f"; nearest plan that fits: {p.suggestion}" if p.suggestion else "")
                         + " (see `rapidmoe-chat plan`)")
+    return p, hw
+
+
+def _gpu_step(net, policy, p, hw, progress):
+    """Place net as the GPU plan p says -> (Runner of the GPU step, placement line)."""
+    import torch
+
+    from .gpu.executor import attach_plan, layer_devices
+
+    standin = hw.gpu_source == "standin"
+    names = [d for d, _, _ in p.gpu_layers]
+    if standin:
+        from .gpu.device import StandInDevice
+
+        devices = {d: StandInDevice() for d in names}
+        tdev = {d: torch.device("cpu") for d in names}
+    else:
+        from .gpu import kernels as gk
+        from .gpu.device import CudaDevice
+
+        tdev = {d: torch.device(d) for d in names}
+        for i, d in enumerate(names):  # compile (or load the cached) kernels: a visible step
+            if progress:
+                progress("CUDA kernels", i, len(names))
+            gk.load(tdev[d])
+        if progress:
+            progress("CUDA kernels", len(names), len(names))
+        devices = {d: CudaDevice(d) for d in names}
+    if progress:
+        progress("place", 0, 1)
+    attach_plan(net, p, devices, tdev)
+    if progress:
+        progress("place", 1, 1)
+    from .runner import Runner
+
+    owner = layer_devices(p, len(net.blocks))
+    runner = Runner(net, policy, where="+".join(names), devices=tuple(devices.values()),
+                    layer_devices=None if standin else [tdev[d] for d in owner])
+    return runner, p.describe(standin)
 
 
 def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path):

@@ -71,6 +71,17 @@ class Plan:
     def vram_bytes(self) -> int:
         return sum(c.bytes for c in self.components if c.device != "cpu")
 
+    def describe(self, standin: bool = False) -> str:
+        """One line of where things run, e.g. 'GPU 0: attention + KV + W_Q 83% (121 GB) ·
+        CPU: residuals + W_Q 17%'."""
+        if self.mode == "cpu":
+            return "CPU-centric: attention + KV + all experts on the CPU"
+        gpu = ("stand-in GPU " if standin else "GPU ") + "+".join(d.split(":")[1] for d, _, _ in self.gpu_layers)
+        wq = sum(c.bytes for c in self.components if c.device != "cpu" and c.name.startswith("W_Q cache"))
+        frac = self.wq_cache_fraction
+        cpu = "residuals" + (f" + W_Q {1 - frac:.0%}" if self.mode == "gpu-partial" else "")
+        return f"{gpu}: attention + KV + W_Q {frac:.0%} ({gb(wq)}) · CPU: {cpu}"
+
     def over_budget(self) -> list[str]:
         """Devices whose bytes exceed their budget, as 'device: need X of Y'."""
         out = []
@@ -201,6 +212,25 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
     notes = (f"non-expert weights in VRAM: {types}",
              "the pack is memory-mapped: pages uploaded to VRAM stay in the page cache only while DRAM is spare")
     return comps + host, tuple(order[:n]), tuple(spans), notes
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked of the placement (--vram-budget, --dram-budget in bytes,
+    --gpus, --mode, --cache-fraction); None: the planner's choice."""
+    vram_budget: int | None = None
+    dram_budget: int | None = None
+    gpus: tuple[int, ...] | None = None
+    mode: str | None = None
+    cache_fraction: float | None = None
+
+
+def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequest,
+               freqs: dict[int, list[float]] | None = None) -> Plan:
+    """The plan of a request: what `plan` prints and what loading places."""
+    return plan(s, hw, ctx, vram_budget=req.vram_budget, dram_budget=req.dram_budget,
+                gpus=list(req.gpus) if req.gpus is not None else None, mode=req.mode,
+                cache_fraction=req.cache_fraction, freqs=freqs)
 
 
 def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,

@@ -211,3 +211,18 @@ def load_expert_frequencies(file: Path, s: ModelSizes) -> dict[int, list[float]]
         return out or None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def calibrated_frequencies(model_path: Path, s: ModelSizes) -> dict[int, list[float]] | None:
+    """Expert activation counts from this model's calibration on this machine, when
+    there is one (they order the W_Q cache: hottest first)."""
+    from .paths import cache_dir
+
+    d = cache_dir() / "calibration"
+    name = Path(model_path).name
+    stem = name[:-5] if name.endswith(".gguf") else name
+    if not d.is_dir() or not any(d.glob(f"{stem}.*.json")):
+        return None  # nothing to read: spare the import of the calibration code (torch)
+    from .calibrate import calibration_path
+
+    return load_expert_frequencies(calibration_path(model_path), s)

@@ -52,11 +52,11 @@ class QWeight:
 class Weights:
     """Access to a model's tensors by name with llama.cpp's expected shapes."""
 
-    def __init__(self, gguf: GGUFFile, split_policy=None):
+    def __init__(self, gguf: GGUFFile, is_pack: bool = False):
         self.gguf = gguf
         self.path = str(gguf.path)
         self.used: set[str] = set()
-        self.split_policy = split_policy  # set when gguf is a residual-split pack
+        self.is_pack = is_pack  # gguf is a residual-split pack
 
     def pack_part(self, name: str, n_expert: int, rows: int) -> np.ndarray:
         """A pack's byte tensor as a zero-copy uint8 view [E, rows, row_bytes]."""

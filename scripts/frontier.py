@@ -53,21 +53,15 @@ def held_out_tokens(model, offset: int, n: int) -> list[int]:
     return toks[offset:offset + n]
 
 
-def set_policy(model, policy) -> None:
-    for e in model.net._split_experts():
-        e.policy = policy
-
-
-def decode_logits(model, toks) -> np.ndarray:
+def decode_logits(model, toks, policy) -> np.ndarray:
     """Logits after each token, the tokens fed one decode step at a time."""
-    cache = model.net.new_cache(len(toks))
-    return np.stack([model.net.forward(torch.tensor([t]), i, cache).numpy()[-1] for i, t in enumerate(toks)])
+    cache = model.runner.new_cache(len(toks))
+    return np.stack([model.runner.decode(t, i, cache, policy)[0].numpy() for i, t in enumerate(toks)])
 
 
 def kl(model, policy, toks, bases: dict, decode: bool = True) -> dict:
     """KL and top-1 flip rate of one setting against each base: {"kl", "flip", "kl_<base>", ...}."""
-    set_policy(model, policy)
-    lg = decode_logits(model, toks) if decode else all_logits(model, toks)
+    lg = decode_logits(model, toks, policy) if decode else all_logits(model, toks, policy=policy)
     out = {}
     for suffix, base in bases.items():
         d = divergence(base, lg)
@@ -86,17 +80,16 @@ def model_path(name: str):
 def decode_speeds(model, policies: dict, toks, rounds: int, pct: float) -> dict:
     """name -> (tokens/s, mean r): decode steps of all settings interleaved."""
     rng = np.random.default_rng(0)
-    caches = {n: model.net.new_cache(rounds + 1) for n in policies}
+    caches = {n: model.runner.new_cache(rounds + 1) for n in policies}
     times = {n: [] for n in policies}
     rs = {n: [] for n in policies}
     for pos in range(rounds + 1):
         for n in rng.permutation(list(policies)):
-            set_policy(model, policies[n])
             t0 = time.perf_counter()
-            model.net.forward(torch.tensor([toks[pos]]), pos, caches[n])
+            trace = model.runner.decode(toks[pos], pos, caches[n], policies[n])[1]
             if pos:  # position 0 warms up
                 times[n].append(time.perf_counter() - t0)
-                rs[n].append(model.net.mean_critical())
+                rs[n].append(trace.mean_r)
     return {n: (1.0 / float(np.percentile(times[n], pct)), float(np.mean(rs[n]))) for n in policies}
 
 

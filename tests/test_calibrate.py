@@ -108,15 +108,13 @@ def test_calibrate_writes_the_record_auto_and_the_planner_read(tiny):
     assert freq.shape == (2, 8) and (freq.sum(1) == 64 * 4).all()
     m = load_model(tiny, n_ctx=32, critical="k")
     toks = m.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)[:64]
-    import torch
-
     want = np.zeros((2, 8), np.int64)
     for s in range(0, 64, 16):  # the same chunks calibrate runs: 16 prefill + 16 decode per segment
         if s % 32 == 0:
-            cache = m.net.new_cache(32)
-        m.net.forward(torch.tensor(toks[s:s + 16]), s % 32, cache)
-        for il, blk in enumerate(m.net.blocks):
-            want[il] += np.bincount(blk.ffn.last_ids.reshape(-1).numpy(), minlength=8)
+            cache = m.runner.new_cache(32)
+        trace = m.runner.prefill(toks[s:s + 16], s % 32, cache)[1]
+        for il, ids in trace.ids.items():
+            want[il] += np.bincount(ids.reshape(-1), minlength=8)
     np.testing.assert_array_equal(freq, want)
     # the pick: lowest KL among the candidates within the decode budget (3% grace)
     ok = [c for c in rec["candidates"] if c["decode_s"] <= 1.03 * rec["budget"] * rec["fixed"][1]["decode_s"]]
@@ -134,7 +132,7 @@ def test_calibrate_writes_the_record_auto_and_the_planner_read(tiny):
     assert len(lat["decode_layer_s"]) == 5 and all(t > 0 for t in lat["decode_layer_s"])
     prof = load_profile(tiny, m.cfg)
     assert prof.source == "calibrated" and prof.to_json() == rec["profile"]
-    assert load_model(tiny, n_ctx=32, critical="auto").net.blocks[0].ffn.experts.policy.profile == prof
+    assert load_model(tiny, n_ctx=32, critical="auto").policy.profile == prof
 
 
 def test_layer_sensitivity_per_layer_and_grouped(tiny):

@@ -247,6 +247,7 @@ def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached):
     from rapidmoe.engine.gpu.schedule import SplitSchedule
     from rapidmoe.engine.gpu.wq_cache import build_layer_cache
     from rapidmoe.engine.moe.resplit import FixedCritical
+    from rapidmoe.engine.step import Step
 
     rng = np.random.default_rng(T)
     E, H, F, k = 8, 256, 64, 4
@@ -265,8 +266,8 @@ def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached):
     dev = EmulatedGpuDevice()
     ids_cached = np.arange(E, dtype=np.int32) if cached == "all" else np.array([0, 2, 4, 5, 7, 1], np.int32)
     cache = build_layer_cache(dev, p["gate_q"], p["up_q"], p["down_q"], ids_cached)
-    sched = SplitSchedule(0, p, FixedCritical(r), dev, cache)
-    out = dev.result(sched(x, ids, w)).double().numpy()
+    sched = SplitSchedule(0, p, dev, cache)
+    out = dev.result(sched(x, ids, w, Step(FixedCritical(r), prefill=T > 1))).double().numpy()
     err = _rel(out, ref)
     if cached == "all":
         assert sched.stats.groups["C"] == T * k

@@ -128,11 +128,12 @@ def files(tmp_path_factory):
 
 
 def _run(model, tokens, n_greedy=8):
-    cache = model.net.new_cache(model.n_ctx)
-    logits = [model.net.forward(torch.tensor(tokens), 0, cache)]
+    run = model.runner
+    cache = run.new_cache(model.n_ctx)
+    logits = [run.prefill(tokens, 0, cache)[0]]
     pos = len(tokens)
     for _ in range(n_greedy):
-        logits.append(model.net.forward(torch.tensor([int(logits[-1][-1].argmax())]), pos, cache))
+        logits.append(run.decode(int(logits[-1][-1].argmax()), pos, cache)[0][None])
         pos += 1
     return torch.cat(logits), cache
 
@@ -226,6 +227,6 @@ def test_long_prefill_blocks_of_queries_give_the_same_logits(files, monkeypatch)
 
     model = load_model(files["ds2_v3"], n_ctx=64)
     toks = torch.arange(100, 140)
-    whole = model.net.forward(toks, 0, model.net.new_cache(64))
+    whole = model.runner.prefill(toks, 0, model.runner.new_cache(64))[0]
     monkeypatch.setattr(mla, "_SCORES_MAX", 3 * 4 * 40)  # three queries per block
-    assert torch.equal(model.net.forward(toks, 0, model.net.new_cache(64)), whole)
+    assert torch.equal(model.runner.prefill(toks, 0, model.runner.new_cache(64))[0], whole)

@@ -59,10 +59,10 @@ def test_second_turn_processes_only_new_tokens(demo, monkeypatch):
     calls = []  # (tokens, pos0) the session ran on its own cache
     real = demo.net.forward
 
-    def spy(tokens, pos0, cache, last_only=False):
+    def spy(tokens, pos0, cache, step, last_only=False):
         if cache is chat.session.cache:
             calls.append((tokens.tolist(), pos0))
-        return real(tokens, pos0, cache, last_only=last_only)
+        return real(tokens, pos0, cache, step, last_only=last_only)
 
     monkeypatch.setattr(demo.net, "forward", spy)
     run(chat.send("Name a colour."))
@@ -79,17 +79,18 @@ def test_second_turn_processes_only_new_tokens(demo, monkeypatch):
         held = held[:pos0] + toks
     assert held == ids
     # replaying those calls on a fresh cache gives the same numbers, bit for bit
-    fresh_cache = demo.net.new_cache(512)
+    monkeypatch.undo()
+    runner = demo.runner
+    fresh_cache = runner.new_cache(512)
     for toks, pos0 in calls:
-        real(torch.tensor(toks), pos0, fresh_cache)
-    step = torch.tensor([ids[-1]])
-    cached = real(step, len(ids) - 1, chat.session.cache)[0]
-    assert torch.equal(real(step, len(ids) - 1, fresh_cache)[0], cached)
+        runner.prefill(toks, pos0, fresh_cache)
+    cached = runner.decode(ids[-1], len(ids) - 1, chat.session.cache)[0]
+    assert torch.equal(runner.decode(ids[-1], len(ids) - 1, fresh_cache)[0], cached)
     # and one prefill over all the tokens agrees up to activation rounding: decode runs
     # attention in its own kernel (another summation order than prefill's batched
     # matmuls), and the demo's int8 activation blocks amplify float-order differences
     # (the kernels themselves agree to 1e-5: test_attn_decode, test_decode_blocks)
-    fresh = real(torch.tensor(ids), 0, demo.net.new_cache(512))[-1]
+    fresh = runner.prefill(ids, 0, runner.new_cache(512))[0][-1]
     assert torch.argmax(fresh) == torch.argmax(cached)
     assert torch.nn.functional.cosine_similarity(fresh, cached, dim=0) > 0.995
 

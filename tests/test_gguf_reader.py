@@ -110,8 +110,8 @@ def test_split_files_open_from_first_part(tmp_path, good):
     assert len(parts) > 2 and parts[0].name.endswith(f"-00001-of-{len(parts):05d}.gguf")
     whole, split = load_model(good, n_ctx=32), load_model(parts[0], n_ctx=32)
     toks = torch.tensor([1, 5, 9, 300])
-    a = whole.net.forward(toks, 0, whole.net.new_cache(32))
-    b = split.net.forward(toks, 0, split.net.new_cache(32))
+    a = whole.runner.prefill(toks, 0, whole.runner.new_cache(32))[0]
+    b = split.runner.prefill(toks, 0, split.runner.new_cache(32))[0]
     assert torch.equal(a, b)
     parts[-1].unlink()
     _expect_error(parts[0], "split part missing")

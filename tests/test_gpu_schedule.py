@@ -12,6 +12,7 @@ from rapidmoe.engine.gpu.device import StandInDevice
 from rapidmoe.engine.gpu.schedule import SplitSchedule, plan_slots
 from rapidmoe.engine.gpu.wq_cache import build_layer_cache, choose_cached, fraction_budget, wq_expert_bytes
 from rapidmoe.engine.moe.resplit import FixedCritical, ResplitExperts
+from rapidmoe.engine.step import Step
 
 E, H, FF, K = 16, 256, 128, 4
 
@@ -48,8 +49,8 @@ def routing(T: int, seed: int):
 
 def reference(parts, policy, x, ids, w):
     ref = ResplitExperts(0, parts["gate_q"], parts["up_q"], parts["down_q"], parts["gate_r"], parts["up_r"],
-                         parts["down4"], policy)
-    return ref(x, ids, w)
+                         parts["down4"])
+    return ref(x, ids, w, Step(policy, prefill=x.shape[0] > 1))
 
 
 def run_schedule(parts, policy, fraction, x, ids, w, hot=None):
@@ -57,9 +58,10 @@ def run_schedule(parts, policy, fraction, x, ids, w, hot=None):
     nbytes = wq_expert_bytes(parts["gate_q"], parts["up_q"], parts["down_q"])
     cached = choose_cached(1, E, nbytes, fraction_budget(1, E, nbytes, fraction), hot)[0]
     cache = build_layer_cache(dev, parts["gate_q"], parts["up_q"], parts["down_q"], cached)
-    sched = SplitSchedule(0, parts, policy, dev, cache)
-    out = dev.result(sched(x, ids, w))
-    return out, sched
+    sched = SplitSchedule(0, parts, dev, cache)
+    step = Step(policy, prefill=x.shape[0] > 1)
+    out = dev.result(sched(x, ids, w, step))
+    return out, sched, step
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.25, 0.0])
@@ -68,7 +70,7 @@ def run_schedule(parts, policy, fraction, x, ids, w, hot=None):
 def test_schedule_matches_cpu_split(parts, fraction, r, T):
     x, ids, w = routing(T, seed=10 * T + r)
     ref = reference(parts, FixedCritical(r), x, ids, w)
-    out, sched = run_schedule(parts, FixedCritical(r), fraction, x, ids, w)
+    out, sched, _ = run_schedule(parts, FixedCritical(r), fraction, x, ids, w)
     rel = (out - ref).norm() / ref.norm()
     assert rel < 1e-5, rel
     g = sched.stats.groups
@@ -86,9 +88,9 @@ def test_per_token_r_and_hot_cache(parts):
     hot = np.zeros((1, E))
     hot[0, ids[:3].reshape(-1).numpy()] = 10.0  # the first tokens' experts are the hot ones
     ref = reference(parts, policy, x, ids, w)
-    out, sched = run_schedule(parts, policy, 0.5, x, ids, w, hot=hot)
+    out, sched, step = run_schedule(parts, policy, 0.5, x, ids, w, hot=hot)
     assert (out - ref).norm() / ref.norm() < 1e-5
-    assert list(sched.last_r) == [0, 1, 2, 3, 4, 1]
+    assert list(step.r[0]) == [0, 1, 2, 3, 4, 1] and step.groups[0] == sched.stats.groups
     # with all four groups in play
     assert all(v > 0 for v in sched.stats.groups.values()), sched.stats.groups
 
@@ -97,7 +99,7 @@ def test_wrong_routing_is_detected(parts):
     """The comparison can fail: a different critical set changes the output."""
     x, ids, w = routing(2, seed=3)
     ref = reference(parts, FixedCritical(K), x, ids, w)
-    out, _ = run_schedule(parts, FixedCritical(0), 1.0, x, ids, w)
+    out, _, _ = run_schedule(parts, FixedCritical(0), 1.0, x, ids, w)
     assert (out - ref).norm() / ref.norm() > 1e-3
 
 
@@ -122,41 +124,3 @@ def test_plan_slots_groups():
     assert plan.group(True, True).tolist() == [0, 3, 4]
     assert plan.group(False, False).tolist() == [1, 5]
     assert plan.group(False, True).tolist() == [2]
-
-
-def test_attach_gpu_experts_to_a_loaded_model(tmp_path):
-    """A whole residual-split model with its experts moved onto the (stand-in)
-    device, a quarter of W_Q cached: same logits as the CPU split path."""
-    from rapidmoe.engine.gpu.executor import GpuSplitExperts, attach_gpu_experts
-    from rapidmoe.engine.model import load_model
-    from rapidmoe.engine.synth import write_synthetic
-
-    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=5, dtype="f16", n_layer=2)
-    m = load_model(src, n_ctx=16, critical=2)
-    toks = torch.tensor([1, 40, 300, 7, 9])
-    ref = m.net.forward(toks, 0, m.net.new_cache(16))
-    ex = m.net.blocks[0].ffn.experts
-    per_layer = wq_expert_bytes(ex.gate_q, ex.up_q, ex.down_q) * ex.gate_q.shape[0]
-    placed = attach_gpu_experts(m.net, StandInDevice(), budget_bytes=per_layer // 2)  # half of one of two layers
-    assert placed.layers == 2 and placed.cached_experts == ex.gate_q.shape[0] // 2
-    assert all(isinstance(b.ffn.experts, GpuSplitExperts) for b in m.net.blocks)
-    out = m.net.forward(toks, 0, m.net.new_cache(16))
-    assert float((out - ref).norm() / ref.norm()) < 1e-5
-    assert m.net.critical_sizes() == (2, 2)
-
-
-def test_layers_split_across_devices(tmp_path):
-    from rapidmoe.engine.gpu.executor import attach_gpu_experts
-    from rapidmoe.engine.model import load_model
-    from rapidmoe.engine.synth import write_synthetic
-
-    src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=3)
-    m = load_model(src, n_ctx=16, critical=1)
-    toks = torch.tensor([3, 9, 27])
-    ref = m.net.forward(toks, 0, m.net.new_cache(16))
-    devs = [StandInDevice(), StandInDevice()]
-    placed = attach_gpu_experts(m.net, devs, budget_bytes=10**12)
-    assert placed.layers == 3 and placed.cached_experts == placed.total_experts
-    assert [b.ffn.experts.device for b in m.net.blocks] == [devs[0], devs[1], devs[1]]
-    out = m.net.forward(toks, 0, m.net.new_cache(16))
-    assert float((out - ref).norm() / ref.norm()) < 1e-5

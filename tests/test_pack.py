@@ -51,14 +51,15 @@ def test_pack_holds_source_tensors_and_resplit_parts(src):
 def test_split_execution_approaches_full_precision_as_r_grows(src):
     toks = torch.tensor([1, 50, 300, 2000, 7, 8, 9, 4000, 12, 13])
     full = load_model(src, n_ctx=32)
-    ref = torch.log_softmax(full.net.forward(toks, 0, full.net.new_cache(32)).double(), -1)
+    ref = torch.log_softmax(full.runner.prefill(toks, 0, full.runner.new_cache(32))[0].double(), -1)
     kls = []
     for r in (0, 2, 4):
         m = load_model(src, n_ctx=32, critical=r)
         assert m.critical == r
-        out = torch.log_softmax(m.net.forward(toks, 0, m.net.new_cache(32)).double(), -1)
+        logits, trace = m.runner.prefill(toks, 0, m.runner.new_cache(32))
+        out = torch.log_softmax(logits.double(), -1)
         kls.append(float((ref.exp() * (ref - out)).sum(-1).mean()))
-        assert m.net.critical_sizes() == (r,) * 3
+        assert trace.critical == (r,) * 3 and trace.phase == "prefill" and trace.n_tokens == len(toks)
     assert kls[0] > kls[1] > kls[2] > 0
     notes = []
     m = load_model(src, n_ctx=32, critical=99, log=notes.append)

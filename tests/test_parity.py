@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from parity_cases import CASES, build_case
 
@@ -45,8 +44,8 @@ def test_parity_with_llama_cpp(name, models):
     tokens = model.tokenizer.encode(ref["prompt"], add_special=True, parse_special=False)
     assert tokens == ref["tokens"]
 
-    cache = model.net.new_cache(model.n_ctx)
-    logits = model.net.forward(torch.tensor(tokens), 0, cache).numpy()
+    cache = model.runner.new_cache(model.n_ctx)
+    logits = model.runner.prefill(tokens, 0, cache)[0].numpy()
     worst = 0.0
     for pos, top in zip(ref["positions"], ref["top"]):
         ls = _log_softmax(logits[pos])
@@ -62,6 +61,6 @@ def test_parity_with_llama_cpp(name, models):
     for _ in range(len(ref["greedy"])):
         nxt = int(np.argmax(last))
         greedy.append(nxt)
-        last = model.net.forward(torch.tensor([nxt]), pos, cache)[0].numpy()
+        last = model.runner.decode(nxt, pos, cache)[0].numpy()
         pos += 1
     assert greedy == ref["greedy"]

@@ -292,13 +292,13 @@ def status(key):
 rss0 = status("VmRSS:")  # after imports, as bench reports it
 ctx, chunk = int(sys.argv[1]), int(sys.argv[2])
 m = load_model("demo", n_ctx=ctx, critical="k")
-cache = m.net.new_cache(ctx)
+cache = m.runner.new_cache(ctx)
 toks = torch.from_numpy(np.random.default_rng(0).integers(10, m.cfg.n_vocab - 10, ctx))
 n_prompt = ctx - 8
 for i in range(0, n_prompt, chunk):  # the chat session's chunked prefill, filling the context
-    m.net.forward(toks[i:min(i + chunk, n_prompt)], i, cache, last_only=True)
+    m.runner.prefill(toks[i:min(i + chunk, n_prompt)], i, cache, last_only=True)
 for i in range(n_prompt, ctx):
-    m.net.forward(toks[i:i + 1], i, cache)
+    m.runner.decode(int(toks[i]), i, cache)
 print(json.dumps({"peak_minus_imports": status("VmHWM:") - rss0}))
 """
 

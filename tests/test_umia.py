@@ -123,17 +123,17 @@ def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
     toks = torch.arange(20, 36)
     m = load_model(src, n_ctx=32, critical="auto")
     assert m.critical == "auto"
-    experts = m.net._split_experts()
-    pol = experts[0].policy
-    assert pol.profile.source == "default" and all(e.policy is pol for e in experts)
+    pol = m.policy
+    assert isinstance(pol, UmiaPolicy) and pol.profile.source == "default"
+    traces = []
 
     def logits(policy):
-        for e in experts:
-            e.policy = policy
-        return m.net.forward(toks, 0, m.net.new_cache(32)).numpy()
+        out, trace = m.runner.prefill(toks, 0, m.runner.new_cache(32), policy)
+        traces.append(trace)
+        return out.numpy()
 
     l_default = logits(pol)
-    assert all(1 <= r <= 4 for r in m.net.critical_sizes())
+    assert all(1 <= r <= 4 for r in traces[-1].critical)
     l_k, l_0 = logits(FixedCritical(4)), logits(FixedCritical(0))
     assert not np.array_equal(l_k, l_0)
     path = calibration_path(src)
@@ -144,7 +144,7 @@ def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
         assert prof.source == "calibrated" and prof.theta == theta
         np.testing.assert_array_equal(logits(UmiaPolicy(prof, 4)), want)
     m2 = load_model(src, n_ctx=32, critical="auto")  # the engine reads the cached profile itself
-    np.testing.assert_array_equal(m2.net.forward(toks, 0, m2.net.new_cache(32)).numpy(), l_0)
+    np.testing.assert_array_equal(m2.runner.prefill(toks, 0, m2.runner.new_cache(32))[0].numpy(), l_0)
     path.write_text("{not json")  # damaged: the default profile again
     assert load_profile(src, m.cfg).source == "default"
     np.testing.assert_array_equal(logits(UmiaPolicy(load_profile(src, m.cfg), 4)), l_default)

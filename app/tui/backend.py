@@ -23,7 +23,7 @@ class LoadedModel:
     name: str  # shown in the status bar
     n_ctx: int
     defaults: SamplingParams  # the model's own defaults (GGUF metadata)
-    placement: str  # "CPU-centric", "W_Q 25% on GPU · residuals on CPU", ...
+    placement: str  # the loaded plan in one line: "GPU 0: attention + KV + W_Q 83% (121 GB) · CPU: residuals + ..."
     handle: Any = None  # the backend's model object
     size_bytes: int = 0
     notes: list[str] = field(default_factory=list)  # one-off remarks from loading, shown once
@@ -44,21 +44,13 @@ def _download_progress(progress: Progress):
     return cb
 
 
-def placement(critical: int | str | None) -> str:
-    # the engine runs CPU-centric here (the GPU executor attaches only on a GPU)
-    if critical is None:
-        return "full precision · CPU"
-    if critical == "auto":
-        return "RESplit UMIA · CPU-centric"
-    return f"RESplit r={critical} · CPU-centric"
-
-
 class EngineBackend:
     """critical: None = the source weights; r or "k" = the residual-split pack
     (converted on first use) with r critical experts per token."""
 
-    def __init__(self, critical: int | str | None = "k"):
+    def __init__(self, critical: int | str | None = "k", placement=None):
         self.critical = critical
+        self.placement = placement  # engine.plan.PlanRequest: budgets, mode, W_Q cache fraction
 
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
         from ...engine.model import load_model
@@ -67,11 +59,11 @@ class EngineBackend:
         # "demo", a path, or repo[:quant] (pulled, resumably, when the HF cache lacks it)
         m = load_model(spec, n_ctx=n_ctx or None, progress=progress,
                        download_progress=_download_progress(progress), critical=self.critical,
-                       log=notes.append)
+                       log=notes.append, placement=self.placement)
         name = str(m.metadata.get("general.name") or Path(m.path).stem)
         return LoadedModel(spec=spec, name=name, n_ctx=m.n_ctx,
                            defaults=SamplingParams.from_metadata(m.metadata),
-                           placement=placement(getattr(m, "critical", None)), handle=m,
+                           placement=m.placement, handle=m,
                            size_bytes=int(m.file_bytes or 0), notes=notes)
 
     def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams):

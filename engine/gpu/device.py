@@ -79,7 +79,8 @@ class StandInDevice:
         def fn(xv):
             xs = xv[xrow.long()].numpy()
             ids = eid.numpy()
-            # non-critical slots (swiglu) on the z activations the CPU path gives them
+            # the CPU split path's per-row arithmetic (its decode kernels): non-critical
+            # slots (swiglu) on the z activations the CPU gives them
             g = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wg, xs.shape[1], ids, xs, z=swiglu))
             u = torch.from_numpy(cpu_kernels.resplit_expert_matmul("wq", wu, xs.shape[1], ids, xs, z=swiglu))
             return F.silu(g) * u if swiglu else (g, u)

@@ -1,8 +1,9 @@
-"""Putting a loaded residual-split model's experts on the GPU: every
-ResplitExperts layer of the network becomes a SplitSchedule whose W_Q (the
-hottest experts first, within the VRAM budget) lives on the device. The rest
-of the model is untouched, so this also serves a model whose attention still
-runs on the CPU: outputs come back as tensors on the caller's device."""
+"""The GPU step of a loaded residual-split model, exactly as its Plan says:
+each MoE layer's ResplitExperts becomes a SplitSchedule on the device that owns
+the layer (plan.gpu_layers), with the W_Q of the experts the plan caches
+(plan.cached, hottest first) in that device's memory; the non-expert weights,
+norms and KV cache of the layer go to the same device, the output head to the
+last one. The embedding stays on the host (row lookups)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,71 +11,107 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..moe.block import MoEFFN
 from ..moe.resplit import ResplitExperts
 from .schedule import SplitSchedule
-from .wq_cache import build_layer_cache, choose_cached, wq_expert_bytes
+from .wq_cache import build_layer_cache, wq_expert_bytes
 
 
 class GpuSplitExperts:
-    """Same call and `last_r` as ResplitExperts; the schedule runs W_Q on the device."""
+    """Same call as ResplitExperts; the schedule runs W_Q on the device."""
 
     def __init__(self, sched: SplitSchedule, device):
         self.sched, self.device = sched, device
         self.layer = sched.layer
 
     @property
-    def last_r(self):
-        return self.sched.last_r
+    def n_cached(self) -> int:
+        return self.sched.cache.n_cached
 
-    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = self.device.result(self.sched(x, ids, w))
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, step) -> torch.Tensor:
+        out = self.device.result(self.sched(x, ids, w, step))
         return out if out.device == x.device else out.to(x.device)
 
 
-@dataclass
-class GpuPlacement:
-    layers: int
-    cached_experts: int
+@dataclass(frozen=True)
+class LoadedPlacement:
+    """What the GPU step put where: per device, its layers and cached experts."""
+    layers: dict[str, tuple[int, int]]  # device -> (first, last) layer
+    cached: dict[str, int]  # device -> experts whose W_Q it holds
+    wq_bytes: dict[str, int]  # device -> bytes of those W_Q
     total_experts: int
-    wq_bytes: int
+    head: str
 
-    def describe(self) -> str:
-        return (f"W_Q on the GPU: {self.cached_experts}/{self.total_experts} experts over {self.layers} layers "
-                f"({self.wq_bytes / 1e9:.2f} GB)")
-
-
-def attach_gpu_experts(net, device, budget_bytes: int, hotness: dict[int, np.ndarray] | None = None) -> GpuPlacement:
-    """Replace each ResplitExperts in net.blocks[*].ffn.experts by a GpuSplitExperts.
-    device: one device, or a list of them (consecutive layers split evenly across
-    them, each with budget_bytes of W_Q); hotness: layer -> routing counts [E]
-    (missing: even spread)."""
-    layers = [(b.ffn, b.ffn.experts) for b in net.blocks
-              if isinstance(getattr(getattr(b, "ffn", None), "experts", None), ResplitExperts)]
-    if not layers:
-        return GpuPlacement(0, 0, 0, 0)
-    if isinstance(device, (list, tuple)):
-        n = len(device)
-        parts = [_attach(layers[i * len(layers) // n:(i + 1) * len(layers) // n], d, budget_bytes, hotness)
-                 for i, d in enumerate(device)]
-        return GpuPlacement(*(sum(getattr(p, f) for p in parts) for f in ("layers", "cached_experts", "total_experts",
-                                                                           "wq_bytes")))
-    return _attach(layers, device, budget_bytes, hotness)
+    @property
+    def cached_experts(self) -> int:
+        return sum(self.cached.values())
 
 
-def _attach(layers, device, budget_bytes, hotness) -> GpuPlacement:
-    if not layers:
-        return GpuPlacement(0, 0, 0, 0)
-    ex0 = layers[0][1]
-    E = ex0.gate_q.shape[0]
-    nbytes = wq_expert_bytes(ex0.gate_q, ex0.up_q, ex0.down_q)
-    hot = None
-    if hotness:
-        hot = np.stack([np.asarray(hotness.get(ex.layer, np.ones(E)), np.float64) for _, ex in layers])
-    chosen = choose_cached(len(layers), E, nbytes, budget_bytes, hot)
-    for (ffn, ex), cached in zip(layers, chosen):
-        parts = {"gate_q": ex.gate_q, "up_q": ex.up_q, "down_q": ex.down_q,
-                 "gate_r": ex.gate_r, "up_r": ex.up_r, "down4": ex.down4}
-        cache = build_layer_cache(device, ex.gate_q, ex.up_q, ex.down_q, cached)
-        ffn.experts = GpuSplitExperts(SplitSchedule(ex.layer, parts, ex.policy, device, cache), device)
-    n_cached = sum(len(c) for c in chosen)
-    return GpuPlacement(len(layers), n_cached, len(layers) * E, n_cached * nbytes)
+def layer_devices(plan, n_layer: int) -> list[str]:
+    """The device of each layer, from plan.gpu_layers (layers outside every span:
+    the first span's device)."""
+    owner = [plan.gpu_layers[0][0]] * n_layer
+    for dev, a, b in plan.gpu_layers:
+        for il in range(a, b + 1):
+            owner[il] = dev
+    return owner
+
+
+def attach_plan(net, plan, devices: dict, torch_devices: dict) -> LoadedPlacement:
+    """Move net onto the plan's devices. devices: plan device name ("cuda:0") ->
+    the schedule's device object (engine/gpu/device.py); torch_devices: the same
+    name -> where that device's tensors live (the GPU, or the host for a stand-in)."""
+    owner = layer_devices(plan, len(net.blocks))
+    cached_by_layer: dict[int, list[int]] = {}
+    for il, e in plan.cached:
+        cached_by_layer.setdefault(il, []).append(e)
+    cached = {d: 0 for d in devices}
+    wq = {d: 0 for d in devices}
+    total = 0
+    for il, blk in enumerate(net.blocks):
+        name = owner[il]
+        tdev = torch_devices[name]
+        _place_block(blk, tdev)
+        ffn = blk.ffn
+        if isinstance(ffn, MoEFFN) and isinstance(ffn.experts, ResplitExperts):
+            ex = ffn.experts
+            ids = np.asarray(cached_by_layer.get(il, []), dtype=np.int32)
+            cache = build_layer_cache(devices[name], ex.gate_q, ex.up_q, ex.down_q, ids)
+            ffn.experts = GpuSplitExperts(SplitSchedule(il, ex.parts, devices[name], cache), devices[name])
+            cached[name] += len(ids)
+            wq[name] += len(ids) * wq_expert_bytes(ex.gate_q, ex.up_q, ex.down_q)
+            total += ex.gate_q.shape[0]
+    head = next((c.device for c in plan.components if c.name.startswith("output head")), owner[-1])
+    net.head_device = torch_devices[head]
+    net.output_norm = _place(net.output_norm, net.head_device)
+    net.output = _place(net.output, net.head_device)
+    spans = {d: (a, b) for d, a, b in plan.gpu_layers}
+    return LoadedPlacement(spans, cached, wq, total, head)
+
+
+def _place(w, device: torch.device):
+    """A host weight -> its twin on device (nothing to do for the host itself)."""
+    if w is None or device.type == "cpu":
+        return w
+    from .placement import place
+
+    if isinstance(w, torch.Tensor) and w.dim() == 1:
+        return w.to(device)  # norms, biases, router gates: f32
+    return place(w, device, torch.float32 if isinstance(w, torch.Tensor) else torch.bfloat16)
+
+
+def _place_block(blk, device: torch.device) -> None:
+    """The block's attention and dense/shared/router weights onto device."""
+    blk.device = device
+    if device.type == "cpu":
+        return
+    blk.attn_norm, blk.ffn_norm = _place(blk.attn_norm, device), _place(blk.ffn_norm, device)
+    parts = [blk.attn, blk.ffn]
+    if isinstance(blk.ffn, MoEFFN) and blk.ffn.shared is not None:
+        parts.append(blk.ffn.shared)
+    for obj in parts:
+        for k, v in list(vars(obj).items()):
+            if k in ("rope", "cfg", "experts", "spec", "shared") or k.startswith("_"):
+                continue
+            if isinstance(v, torch.Tensor) or type(v).__name__ == "QWeight":
+                setattr(obj, k, _place(v, device))

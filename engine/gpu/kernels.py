@@ -35,6 +35,11 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
+def load(device: torch.device) -> dict[str, Kernel]:
+    """Build (or load the cached) kernels for this device: loading does it as a visible step."""
+    return _kernels(device)
+
+
 def _kernels(device: torch.device) -> dict[str, Kernel]:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:

@@ -62,21 +62,21 @@ class SplitSchedule:
     """One MoE layer. parts: the pack's host arrays (gate_q, up_q, down_q, gate_r,
     up_r, down4), uint8 [E, rows, row bytes]; cache: its W_Q on the device."""
 
-    def __init__(self, layer: int, parts: dict[str, np.ndarray], policy, device, cache: LayerWQ):
-        self.layer, self.p, self.policy, self.dev, self.cache = layer, parts, policy, device, cache
+    def __init__(self, layer: int, parts: dict[str, np.ndarray], device, cache: LayerWQ):
+        self.layer, self.p, self.dev, self.cache = layer, parts, device, cache
         self.H = parts["down_q"].shape[1]
-        self.last_r: np.ndarray | None = None
         self.stats = LayerStats()
 
-    def __call__(self, x, ids: torch.Tensor, w: torch.Tensor):
+    def __call__(self, x, ids: torch.Tensor, w: torch.Tensor, step):
         dev, p = self.dev, self.p
-        # routing to the host: the CPU's share depends on it
-        ids_h, w_h = ids.detach().cpu(), w.detach().cpu().float()
+        # routing to the host in one packed copy (ids as floats are exact below 2^24):
+        # the CPU's share depends on it
+        T, k = ids.shape
+        packed = torch.cat([ids.to(torch.float32), w.to(torch.float32)], dim=1).cpu()  # [T, 2k]
+        ids_h, w_h = packed[:, :k].long(), packed[:, k:]
         order = torch.argsort(w_h, dim=1, descending=True, stable=True)  # critical = largest weights
         ids_h, w_h = ids_h.gather(1, order), w_h.gather(1, order)
-        T = ids_h.shape[0]
-        r = np.asarray(self.policy(w_h, self.layer, T > 1), dtype=np.int32)
-        self.last_r = r
+        r = step.choose(w_h, self.layer)
         plan = plan_slots(ids_h.numpy(), w_h.numpy(), r, self.cache.slot_of)
         A, B = plan.group(True, True), plan.group(True, False)
         C, D = plan.group(False, True), plan.group(False, False)
@@ -128,4 +128,6 @@ class SplitSchedule:
         out = dev.add(out_dev, dev.to_device(out_cpu)) if len(BD) or len(A) else out_dev
         self.stats = LayerStats(r=r, cpu_s=cpu_s,
                                 groups={"A": len(A), "B": len(B), "C": len(C), "D": len(D)})
+        step.groups[self.layer] = self.stats.groups
+        step.cpu_expert_s += cpu_s
         return out

@@ -92,15 +92,18 @@ class Block:
         self.attn_norm = W.get(f"blk.{il}.attn_norm.weight", H)
         self.ffn_norm = W.get(f"blk.{il}.ffn_norm.weight", H)
         self.attn, self.ffn = attn, ffn
+        self.device = torch.device("cpu")  # where this block's weights and cache live
 
-    def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
-        if x.shape[0] == 1 and getattr(self.attn, "fusable", lambda: False)():  # decode: each half in one call
+    def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache, step) -> torch.Tensor:
+        decode = x.shape[0] == 1 and step.fused  # the CPU step: each half in one kernel call
+        if decode and getattr(self.attn, "fusable", lambda: False)():
             h = self.attn.decode_block(x, self.attn_norm, self.eps, pos0, cache)
         else:
             h = x + self.attn(rms_norm(x, self.attn_norm, self.eps), pos0, cache)
-        if x.shape[0] == 1 and getattr(self.ffn, "fusable", lambda: False)():
-            return self.ffn.decode_block(h, self.ffn_norm, self.eps)
-        return h + self.ffn(rms_norm(h, self.ffn_norm, self.eps))
+        if decode and isinstance(self.ffn, MoEFFN) and self.ffn.fusable(step):
+            return self.ffn.decode_block(h, self.ffn_norm, self.eps, step)
+        return h + (self.ffn(rms_norm(h, self.ffn_norm, self.eps), step) if isinstance(self.ffn, MoEFFN)
+                    else self.ffn(rms_norm(h, self.ffn_norm, self.eps)))
 
 
 class Transformer:
@@ -110,51 +113,44 @@ class Transformer:
         self.tok_embd = W.mat("token_embd.weight", H, V)  # [V, H]
         self.output = W.mat("output.weight", H, V) if W.has("output.weight") else self.tok_embd  # tied
         self.output_norm = W.get("output_norm.weight", H)
+        self.head_device = torch.device("cpu")  # where the output head runs (a GPU plan moves it)
         self.blocks = []
         for il in range(cfg.n_layer):
             self.blocks.append(build_block(cfg, W, il))
             if progress:
                 progress(il + 1, cfg.n_layer)
 
-    def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache(self.cfg, n_ctx)
+    def new_cache(self, n_ctx: int, devices=None) -> KVCache:
+        """devices: the device of each layer's cache (None: host memory)."""
+        return KVCache(self.cfg, n_ctx, devices)
 
     def kv_bytes(self, n_ctx: int) -> int:
         c = self.cfg
         return n_ctx * c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4
 
-    def _split_experts(self) -> list:
-        return [e for e in (getattr(getattr(b, "ffn", None), "experts", None) for b in self.blocks)
-                if hasattr(e, "last_r")]
-
-    def critical_sizes(self) -> tuple[int, ...] | None:
-        """Critical-set size r of the last token, per MoE layer (None: not split)."""
-        layers = self._split_experts()
-        if not layers or any(e.last_r is None for e in layers):
-            return None
-        return tuple(int(e.last_r[-1]) for e in layers)
-
-    def mean_critical(self) -> float | None:
-        r = self.critical_sizes()
-        return sum(r) / len(r) if r else None
+    def moe_layers(self) -> list[MoEFFN]:
+        return [b.ffn for b in self.blocks if isinstance(b.ffn, MoEFFN)]
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, last_only: bool = False) -> torch.Tensor:
-        """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only)."""
+    def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, step, last_only: bool = False) -> torch.Tensor:
+        """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only).
+        step (engine.step.Step): this call's policy and records; callers go through
+        engine.runner.Runner."""
         # Decode's heavy math is in the kernels' own thread pool; torch's OpenMP
         # workers spinning beside it on the same cores only slow both down.
         torch.set_num_threads(1 if tokens.numel() == 1 else kernels.num_threads())
-        x = embed(self.tok_embd, tokens)  # [T, H]
+        x = embed(self.tok_embd, tokens)  # [T, H] on the host
         for blk in self.blocks:
-            x = blk(x, pos0, cache)
+            x = blk(x.to(blk.device), pos0, cache, step)
         if last_only:
             x = x[-1:]
-        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)
+        x = x.to(self.head_device)
+        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output).float().cpu()
 
 
 def routed_ffn(cfg: ModelConfig, W: Weights, il: int, shared=None) -> MoEFFN:
     """Layer il's routed experts behind its router, plus an optional shared expert."""
-    return MoEFFN(W.mat(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
+    return MoEFFN(il, W.mat(f"blk.{il}.ffn_gate_inp.weight", cfg.n_embd, cfg.n_expert),
                   load_experts(cfg, W, il), RouterSpec.from_config(cfg), shared=shared)
 
 

@@ -14,7 +14,7 @@ from ..config import ModelConfig
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     # [.., D] -> [.., D]: x * rsqrt(mean(x^2) + eps) * w, rounded as ggml (and the fused
     # decode kernels) do
-    if w is None or x.dtype != torch.float32:
+    if w is None or x.dtype != torch.float32 or x.device.type != "cpu":
         return F.rms_norm(x, (x.shape[-1],), w, eps)
     from .. import kernels
 
@@ -68,8 +68,8 @@ class Rope:
     def __call__(self, x: torch.Tensor, pos0: int) -> torch.Tensor:
         # x [T, H, hd] -> same; rotates the first `dim` dims of each head
         T = x.shape[0]
-        cos = self.cos[pos0:pos0 + T, None, :]  # [T, 1, d/2]
-        sin = self.sin[pos0:pos0 + T, None, :]
+        cos = self.cos[pos0:pos0 + T, None, :].to(x.device)  # [T, 1, d/2]
+        sin = self.sin[pos0:pos0 + T, None, :].to(x.device)
         d = self.dim
         rot, rest = x[..., :d], x[..., d:]
         if self.style == "neox":
@@ -82,12 +82,14 @@ class Rope:
 
 
 class KVCache:
-    """Per-layer K and V for one sequence: k [n_ctx, n_kv, hd], v [n_ctx, n_kv, hd_v]."""
+    """Per-layer K and V for one sequence: k [n_ctx, n_kv, hd], v [n_ctx, n_kv, hd_v].
+    devices: each layer's device (None: all in host memory)."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int):
+    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None):
         self.n_ctx = n_ctx
-        self.k = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim_v) for _ in range(cfg.n_layer)]
+        devs = devices or [None] * cfg.n_layer
+        self.k = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim, device=d) for d in devs]
+        self.v = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim_v, device=d) for d in devs]
 
     def bytes_per_token(self) -> int:
         return sum(k[0].numel() * 4 + v[0].numel() * 4 for k, v in zip(self.k, self.v))
@@ -112,21 +114,24 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
 
     hdv = v_all.shape[-1]
     qg = q.permute(1, 0, 2).reshape(Hkv, rep, T, hd)
-    out = torch.empty(T, Hkv, rep, hdv)
+    out = torch.empty(T, Hkv, rep, hdv, device=q.device)
     step = attention_chunk(H, S)
     for c0 in range(0, T, step):
         c1 = min(T, c0 + step)
         s1 = pos0 + c1  # keys visible to the chunk's last query
         s = torch.matmul(qg[:, :, c0:c1], kh[:, None, :s1].transpose(2, 3))  # [Hkv, rep, c, s1]
-        hidden = torch.arange(s1)[None, :] > torch.arange(pos0 + c0, pos0 + c1)[:, None]
+        hidden = (torch.arange(s1, device=q.device)[None, :]
+                  > torch.arange(pos0 + c0, pos0 + c1, device=q.device)[:, None])
         p = torch.softmax(s.mul_(scale).masked_fill_(hidden, float("-inf")), dim=-1)
         out[c0:c1] = torch.matmul(p, vh[:, None, :s1]).permute(2, 0, 1, 3)
     return out.view(T, -1)
 
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    # x [T, in], w [out, in] (f32 tensor, or a QWeight kept in its GGUF type) -> [T, out]
+    # x [T, in], w [out, in] (a float tensor, or a QWeight kept in its GGUF type) -> [T, out] f32
     if isinstance(w, torch.Tensor):
+        if w.dtype != x.dtype:  # f16/bf16 weights on a GPU: the product in their type, f32 out
+            return F.linear(x.to(w.dtype), w, None if b is None else b.to(w.dtype)).float()
         return F.linear(x, w, b)
     y = w.matmul(x.contiguous())
     return y + b if b is not None else y

@@ -33,8 +33,8 @@ def yarn_attn_factor(cfg: ModelConfig) -> float:
 
 
 class DeepSeek2(Transformer):
-    def new_cache(self, n_ctx: int) -> MLACache:
-        return MLACache(self.cfg, n_ctx)
+    def new_cache(self, n_ctx: int, devices=None) -> MLACache:
+        return MLACache(self.cfg, n_ctx, devices)
 
 
 def build(cfg, W, n_ctx, progress=None) -> Transformer:
@@ -53,7 +53,7 @@ def build(cfg, W, n_ctx, progress=None) -> Transformer:
         shared = SharedExpert(W.mat(p + "ffn_gate_shexp.weight", H, ff_sh),
                               W.mat(p + "ffn_up_shexp.weight", H, ff_sh),
                               W.mat(p + "ffn_down_shexp.weight", ff_sh, H)) if ff_sh else None
-        ffn = MoEFFN(W.mat(p + "ffn_gate_inp.weight", H, cfg.n_expert), load_experts(cfg, W, il),
+        ffn = MoEFFN(il, W.mat(p + "ffn_gate_inp.weight", H, cfg.n_expert), load_experts(cfg, W, il),
                      RouterSpec.from_config(cfg), bias=W.opt(p + "exp_probs_b.bias", cfg.n_expert), shared=shared)
         return Block(cfg, W, il, attn, ffn)
 

@@ -9,11 +9,11 @@ from ..moe.resplit import ResplitExperts
 
 def load_experts(cfg, W, il: int):
     p, H, ff, E = f"blk.{il}.", cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
-    if W.split_policy is not None:  # a residual-split pack
+    if W.is_pack:  # a residual-split pack
         parts = [W.pack_part(f"{p}ffn_{kind}_exps.{fmt}", E, rows)
                  for kind, fmt, rows in (("gate", "wq", ff), ("up", "wq", ff), ("down", "wq", H),
                                          ("gate", "wr", ff), ("up", "wr", ff), ("down", "d4", H))]
-        return ResplitExperts(il, *parts, W.split_policy)
+        return ResplitExperts(il, *parts)
     mats = (
         W.mat(p + "ffn_gate_exps.weight", H, ff, E),  # [E, ff, H]
         W.mat(p + "ffn_up_exps.weight", H, ff, E),  # [E, ff, H]

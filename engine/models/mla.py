@@ -36,9 +36,10 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
 class MLACache:
     """Per layer: rows [n_ctx, kv_lora_rank + rope] = [latent c | roped k_pe]."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int):
+    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None):
         self.n_ctx = n_ctx
-        self.kv = [torch.zeros(n_ctx, cfg.get("kv_lora_rank") + cfg.rope_dim) for _ in range(cfg.n_layer)]
+        devs = devices or [None] * cfg.n_layer
+        self.kv = [torch.zeros(n_ctx, cfg.get("kv_lora_rank") + cfg.rope_dim, device=d) for d in devs]
 
     def bytes_per_token(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in self.kv)
@@ -55,7 +56,7 @@ def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
 def per_head(w, x: torch.Tensor) -> torch.Tensor:
     """Each head's own matrix: w (nh, out, in) as f32 or QWeight, x [T, nh, in] -> [T, nh, out]."""
     if isinstance(w, torch.Tensor):
-        return torch.einsum("thi,hoi->tho", x, w)
+        return torch.einsum("thi,hoi->tho", x.to(w.dtype), w).float()
     T, nh, _ = x.shape
     ids = torch.arange(nh, dtype=torch.int32).repeat(T)  # row t*nh + h uses head h
     return w.expert_matmul(ids, x.reshape(T * nh, -1).contiguous()).view(T, nh, -1)
@@ -111,14 +112,15 @@ class MLAttention:
         if cfg.get("attn_temp_scale"):  # llama.cpp's per-position query temperature
             pos = torch.arange(pos0, S, dtype=torch.float64)
             temp = torch.log(torch.floor(pos / cfg.get("attn_temp_length")) + 1) * cfg.get("attn_temp_scale") + 1
-            qcat = qcat * temp.float()[:, None, None]
-        o_lat = torch.empty(T, nh, kv)
+            qcat = qcat * temp.float().to(x.device)[:, None, None]
+        o_lat = torch.empty(T, nh, kv, device=x.device)
         step = max(1, _SCORES_MAX // (nh * S))  # queries per block: bounds the [t, nh, S] scores
         for t0 in range(0, T, step):
             t1 = min(T, t0 + step)
             scores = (qcat[t0:t1] @ keys.T) * self.scale  # [t, nh, S]
             if T > 1:
-                causal = torch.arange(S)[None, :] <= torch.arange(pos0 + t0, pos0 + t1)[:, None]  # [t, S]
+                causal = (torch.arange(S, device=x.device)[None, :]
+                          <= torch.arange(pos0 + t0, pos0 + t1, device=x.device)[:, None])  # [t, S]
                 scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
             o_lat[t0:t1] = torch.softmax(scores, dim=-1) @ keys[:, :kv]  # [t, nh, kv]
         o = per_head(self.v_b, o_lat)  # [T, nh, hv]

@@ -27,45 +27,45 @@ class SharedExpert:
 
 
 class MoEFFN:
-    def __init__(self, router_w: torch.Tensor, experts, spec: RouterSpec,
+    def __init__(self, layer: int, router_w: torch.Tensor, experts, spec: RouterSpec,
                  bias: torch.Tensor | None = None, shared: SharedExpert | None = None):
+        self.layer = layer
         self.router_w, self.experts, self.spec = router_w, experts, spec  # router_w [E, H]
         self.bias, self.shared = bias, shared
-        self.last_ids: torch.Tensor | None = None
         self._router_op = None  # router_w as decode_block passes it (built on first use)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, step) -> torch.Tensor:
         # x [T, H] -> [T, H]
         ids, w = route(linear(x, self.router_w), self.spec, self.bias)  # [T, k], [T, k]
-        self.last_ids = ids
-        out = self.experts(x, ids, w)
+        step.ids[self.layer] = ids.detach().cpu().numpy()
+        out = self.experts(x, ids, w, step)
         if self.shared is not None:
             out = out + self.shared(x)
         return out
 
-    def fusable(self) -> bool:
-        """decode_block covers this layer: residual-split experts under a fixed or UMIA
-        policy, a plain top-k router, no shared expert."""
-        e = self.experts
-        return (type(e) is ResplitExperts and isinstance(e.policy, (FixedCritical, UmiaPolicy))
+    def fusable(self, step) -> bool:
+        """decode_block covers this layer: the CPU step, residual-split experts under a
+        fixed or UMIA policy, a plain top-k router, no shared expert."""
+        return (step.fused and type(self.experts) is ResplitExperts
+                and isinstance(step.policy, (FixedCritical, UmiaPolicy))
                 and self.bias is None and self.spec.n_groups <= 1 and self.shared is None)
 
-    def decode_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float) -> torch.Tensor:
+    def decode_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, step) -> torch.Tensor:
         """h [1, H] -> h + self(rms_norm(h)) in one kernel call (routing and policy included)."""
         e, spec = self.experts, self.spec
         if self._router_op is None:
             self._router_op = kernels.ggml_operand(self.router_w)
-        pol = e.policy
+        pol = step.policy
         if isinstance(pol, FixedCritical):
             fixed, ab, theta, r_min, r_max = pol.r, 0.0, 0.0, 0, 0
         else:
             p = pol.profile
-            prefill = pol.phase == "prefill"
+            prefill = step.prefill if pol.phase is None else pol.phase == "prefill"
             ab = p.alpha[min(e.layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
             fixed, theta, r_min, r_max = -1, p.theta, p.r_min, min(p.r_max, pol.k)
         out, ids, w, r = kernels.decode_moe_block(
             h.numpy().reshape(-1), norm_w.numpy(), eps, self._router_op, spec.k, spec.sigmoid, spec.norm_topk,
             spec.scale, fixed, ab, theta, r_min, r_max, e.gate_q, e.up_q, e.down_q, e.gate_r, e.up_r, e.down4)
-        e.last_r = np.array([r], np.int32)
-        self.last_ids = torch.from_numpy(ids).long().view(1, -1)
+        step.r[e.layer] = np.array([r], np.int32)
+        step.ids[self.layer] = np.asarray(ids, np.int64).reshape(1, -1)
         return torch.from_numpy(out).view(1, -1)

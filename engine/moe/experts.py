@@ -13,7 +13,7 @@ class DenseExperts:
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
         self.gate, self.up, self.down = gate, up, down
 
-    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, step=None) -> torch.Tensor:
         # x [T, H], ids [T, k], w [T, k] -> [T, H]
         T, k = ids.shape
         out = torch.zeros_like(x)
@@ -41,7 +41,7 @@ class QuantExperts:
     def __init__(self, gate, up, down):
         self.gate, self.up, self.down = gate, up, down
 
-    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, step=None) -> torch.Tensor:
         # x [T, H], ids [T, k], w [T, k] -> [T, H]
         T, k = ids.shape
         flat = ids.reshape(-1).to(torch.int32)  # [T*k]

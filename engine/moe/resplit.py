@@ -25,19 +25,21 @@ class ResplitExperts:
     """Stacked experts in the pack's formats: *_q [E, rows, rb(wq)], *_r [E, ff, rb(wr)],
     down4 [E, H, rb(d4)] (uint8 views of the pack)."""
 
-    def __init__(self, layer: int, gate_q, up_q, down_q, gate_r, up_r, down4, policy):
+    def __init__(self, layer: int, gate_q, up_q, down_q, gate_r, up_r, down4):
         self.layer = layer
         self.gate_q, self.up_q, self.down_q = gate_q, up_q, down_q
         self.gate_r, self.up_r, self.down4 = gate_r, up_r, down4
-        self.policy = policy
-        self.last_r: np.ndarray | None = None  # [T] critical-set sizes of the last call
 
-    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    @property
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"gate_q": self.gate_q, "up_q": self.up_q, "down_q": self.down_q,
+                "gate_r": self.gate_r, "up_r": self.up_r, "down4": self.down4}
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, step) -> torch.Tensor:
         # x [T, H], ids [T, k], w [T, k] (ids sorted by selection score) -> [T, H]
         order = torch.argsort(w, dim=1, descending=True, stable=True)  # critical = largest weights
         ids, w = ids.gather(1, order), w.gather(1, order)
-        r = self.policy(w, self.layer, x.shape[0] > 1)
-        self.last_r = r
+        r = step.choose(w, self.layer)
         out = kernels.resplit_moe_forward(x.contiguous().numpy(), ids.numpy(), w.contiguous().numpy(), r,
                                           self.gate_q, self.up_q, self.down_q, self.gate_r, self.up_r, self.down4)
         return torch.from_numpy(out)

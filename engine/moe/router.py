@@ -30,7 +30,7 @@ def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = No
     """logits [T, E] -> (ids [T, k] int64 sorted by selection score, weights [T, k] f32).
     The selection adds the bias (exp_probs_b); the weights use unbiased probabilities.
     Without bias or groups this is the kernel the fused decode uses (ties: lower id first)."""
-    if bias is None and spec.n_groups <= 1:
+    if bias is None and spec.n_groups <= 1 and logits.device.type == "cpu":
         ids, w = kernels.route(logits.detach().numpy(), spec.k, spec.sigmoid, spec.norm_topk, spec.scale)
         return torch.from_numpy(ids).long(), torch.from_numpy(w)
     probs = torch.sigmoid(logits) if spec.sigmoid else torch.softmax(logits, dim=-1)  # [T, E]
@@ -40,7 +40,7 @@ def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = No
         groups = sel.view(T, spec.n_groups, -1)  # [T, G, E/G]
         group_score = groups.topk(2, dim=-1).values.sum(-1)  # [T, G]: sum of each group's top 2
         keep = group_score.topk(spec.n_group_used, dim=-1).indices  # [T, g]
-        mask = torch.ones(T, spec.n_groups, dtype=torch.bool)
+        mask = torch.ones(T, spec.n_groups, dtype=torch.bool, device=sel.device)
         mask.scatter_(1, keep, False)
         sel = groups.masked_fill(mask[:, :, None], float("-inf")).view(T, -1)
     ids = sel.topk(spec.k, dim=-1).indices  # [T, k]

@@ -24,6 +24,7 @@ from rapidmoe.engine.gpu.reference import split_layer_reference  # noqa: E402
 from rapidmoe.engine.gpu.schedule import SplitSchedule  # noqa: E402
 from rapidmoe.engine.gpu.wq_cache import build_layer_cache, choose_cached, fraction_budget  # noqa: E402
 from rapidmoe.engine.moe.resplit import FixedCritical, ResplitExperts  # noqa: E402
+from rapidmoe.engine.step import Step  # noqa: E402
 
 BOUND_SPLIT = 1e-2  # GPU path vs CPU split path, same routing: relative error of the layer output
 N_LAYERS_V3 = 61
@@ -69,10 +70,14 @@ def correctness(layer, dev, cache_sets, devname, out, against_oracle: bool = Tru
         ids = torch.stack([pool[torch.randperm(len(pool), generator=g)[:K]] for _ in range(T)])
         w = torch.softmax(torch.randn(T, K, generator=g), 1) * dsv3.SCALE
         h = dsv3.rms(torch.randn(T, H, generator=g))
-        cpu = ResplitExperts(0, p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"],
-                             FixedCritical(r))(h, ids, w).double()
-        sched = SplitSchedule(3, p, FixedCritical(r), dev, cache_sets[frac][0])
-        got = dev.result(sched(h.to(devname), ids.to(devname), w.to(devname))).cpu().double()
+        st = Step(FixedCritical(r), prefill=T > 1, fused=False)
+        ex = ResplitExperts(0, p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"])
+        if against_oracle:
+            cpu = ex(h, ids, w, st).double()
+        else:  # the stand-in runs the CPU's per-row kernels: each token alone takes them
+            cpu = torch.cat([ex(h[t:t + 1], ids[t:t + 1], w[t:t + 1], st) for t in range(T)]).double()
+        sched = SplitSchedule(3, p, dev, cache_sets[frac][0])
+        got = dev.result(sched(h.to(devname), ids.to(devname), w.to(devname), st)).cpu().double()
         order = torch.argsort(w, dim=1, descending=True, stable=True)
         ref = torch.from_numpy(split_layer_reference(p, h.numpy(), ids.gather(1, order).numpy(),
                                                      w.gather(1, order).numpy(), np.full(T, r)))
@@ -115,35 +120,35 @@ def sync(devname):
         torch.cuda.synchronize()
 
 
-def run_decode(layers, scheds, dev, devname, steps):
+def run_decode(layers, scheds, dev, devname, steps, pol, trace):
     x = torch.randn(1, H, generator=torch.Generator().manual_seed(1)).to(devname)
     for _ in range(2):
-        x = dsv3.step(layers, scheds, dev, x)
+        x = dsv3.step(layers, scheds, dev, x, pol)
     sync(devname)
     t0 = time.perf_counter()
     for _ in range(steps):
-        x = dsv3.step(layers, scheds, dev, x)
+        x = dsv3.step(layers, scheds, dev, x, pol, trace)
     sync(devname)
     return (time.perf_counter() - t0) / steps, x
 
 
-def run_prefill(layers, scheds, dev, devname, T):
+def run_prefill(layers, scheds, dev, devname, T, pol):
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(2)).to(devname)
-    dsv3.step(layers, scheds, dev, x[:16])  # warm the prefill paths
+    dsv3.step(layers, scheds, dev, x[:16], pol)  # warm the prefill paths
     sync(devname)
     t0 = time.perf_counter()
-    dsv3.step(layers, scheds, dev, x)
+    dsv3.step(layers, scheds, dev, x, pol)
     sync(devname)
     return time.perf_counter() - t0
 
 
-def gpu_busy_s(layers, scheds, dev, x) -> float:
+def gpu_busy_s(layers, scheds, dev, x, pol) -> float:
     """Union of the GPU's kernel and copy intervals over one decode step (CUPTI)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        dsv3.step(layers, scheds, dev, x)
+        dsv3.step(layers, scheds, dev, x, pol)
         torch.cuda.synchronize()
     iv = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                 if getattr(e, "device_type", None) == DeviceType.CUDA)
@@ -173,12 +178,13 @@ def guarded(what: str, fn, *args):
 
 def measure_mode(layers, dev, devname, a, name, pol, cache_layers):
     """One row of the table: (cells, seconds per layer per decode token)."""
-    scheds = [SplitSchedule(3 + i, L.parts, pol, dev, c) for i, (L, c) in enumerate(zip(layers, cache_layers))]
-    t_dec, x = run_decode(layers, scheds, dev, devname, a.steps)
-    r_mean = float(np.mean([s.last_r.mean() for s in scheds]))
+    scheds = [SplitSchedule(3 + i, L.parts, dev, c) for i, (L, c) in enumerate(zip(layers, cache_layers))]
+    trace: list = []
+    t_dec, x = run_decode(layers, scheds, dev, devname, a.steps, pol, trace)
+    r_mean = float(np.mean([r.mean() for st in trace for r in st.r.values()]))
     cpu_ms = 1e3 * float(np.mean([s.stats.cpu_s for s in scheds]))
-    busy = f"{gpu_busy_s(layers, scheds, dev, x) / t_dec:.0%}" if devname == "cuda" else "n/a"
-    t_pre = run_prefill(layers, scheds, dev, devname, a.prefill)
+    busy = f"{gpu_busy_s(layers, scheds, dev, x, pol) / t_dec:.0%}" if devname == "cuda" else "n/a"
+    t_pre = run_prefill(layers, scheds, dev, devname, a.prefill, pol)
     per_layer = t_dec / a.layers
     return [name, r_mean, f"{1 / t_dec:.1f}", f"{per_layer * 1e3:.2f}", f"{1 / (per_layer * N_LAYERS_V3):.2f}",
             per_layer, f"{a.prefill / t_pre:.0f}", busy, f"{cpu_ms:.2f}"]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from rapidmoe.engine import kernels
 from rapidmoe.engine.gpu.placement import GpuQWeight, gpu_linear
+from rapidmoe.engine.step import Step
 
 H, E, FF, K, SH_FF = 7168, 256, 2048, 8, 2048
 ATTN = {"q_a": (1536, H), "q_b": (24576, 1536), "kv_a": (576, H), "kv_b": (32768, 512), "o": (H, 16384)}
@@ -107,13 +108,17 @@ def shared_expert(layer: Layer, h: torch.Tensor) -> torch.Tensor:
     return gpu_linear(F.silu(gpu_linear(h, lw["sh_gate"])) * gpu_linear(h, lw["sh_up"]), lw["sh_down"])
 
 
-def step(layers: list[Layer], scheds: list, dev, x: torch.Tensor) -> torch.Tensor:
+def step(layers: list[Layer], scheds: list, dev, x: torch.Tensor, policy, trace: list | None = None) -> torch.Tensor:
     """x [T, H] through every layer: attention stand-in, router, shared expert
-    (device) and the routed experts (the schedule under test)."""
+    (device) and the routed experts (the schedule under test, with `policy`).
+    trace: gets the call's engine.step.Step (critical-set sizes per layer)."""
+    st = Step(policy, prefill=x.shape[0] > 1, fused=False)
     for layer, sched in zip(layers, scheds):
         x = rms(x + 0.1 * rms(attention_stand_in(layer, rms(x))))
         h = rms(x)
         ids, w = route(h, layer.router)
-        moe = dev.result(sched(h, ids, w))
+        moe = dev.result(sched(h, ids, w, st))
         x = x + moe + shared_expert(layer, h)
+    if trace is not None:
+        trace.append(st)
     return x

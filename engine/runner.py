@@ -1,0 +1,63 @@
+"""The one owner of the forward pass. Every tool (generation, eval, bench,
+calibrate, the latency model) calls `prefill` and `decode` and gets logits plus
+a StepTrace (engine/step.py); the critical-set policy is an argument of the call
+(default: the one the model was loaded with).
+
+Which step implementation runs is fixed by the loaded plan: the CPU step (fused
+decode blocks where a layer allows them) for `cpu` plans, the GPU step
+(engine/gpu/executor.py: attention, norms, router and KV cache on the device,
+the residual-split schedule per MoE layer) for `gpu-residual` / `gpu-partial`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .step import Step, StepTrace
+
+
+class Runner:
+    def __init__(self, net, policy=None, where: str = "cpu", devices: tuple = (), layer_devices=None):
+        self.net = net
+        self.policy = policy  # the loaded default: FixedCritical, UmiaPolicy, or None (no split)
+        self.where = where  # "cpu", or the plan's devices ("cuda:0", "cuda:0+cuda:1")
+        self.devices = devices  # the GPU step's device objects (engine/gpu/device.py)
+        self.layer_devices = layer_devices  # per layer: where its KV cache lives (None: the host)
+
+    @property
+    def gpu_step(self) -> bool:
+        return bool(self.devices)
+
+    def new_cache(self, n_ctx: int):
+        return self.net.new_cache(n_ctx, self.layer_devices)
+
+    def split_layers(self) -> list:
+        """The MoE layers' residual-split experts as loaded (the CPU step's), in layer order."""
+        from .moe.resplit import ResplitExperts
+
+        return [f.experts for f in self.net.moe_layers() if isinstance(f.experts, ResplitExperts)]
+
+    def _run(self, tokens: torch.Tensor, pos0: int, cache, policy, last_only: bool):
+        pol = self.policy if policy is None else policy
+        step = Step(policy=pol, prefill=tokens.numel() > 1, fused=not self.gpu_step)
+        for d in self.devices:
+            d.layer_begin()
+        t0 = time.perf_counter()
+        logits = self.net.forward(tokens, pos0, cache, step, last_only=last_only)
+        seconds = time.perf_counter() - t0
+        busy = sum(d.layer_busy()[0] for d in self.devices)
+        trace = StepTrace(phase="prefill" if step.prefill else "decode", n_tokens=int(tokens.numel()), r=step.r,
+                          ids=step.ids, seconds=seconds, where=self.where, groups=step.groups,
+                          cpu_expert_s=step.cpu_expert_s, device_busy_s=busy)
+        return logits, trace
+
+    def prefill(self, tokens, pos0: int, cache, policy=None, last_only: bool = False):
+        """tokens [T] at positions pos0.. -> (logits [T, V] (or [1, V] with last_only), StepTrace)."""
+        t = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens))
+        return self._run(t, pos0, cache, policy, last_only)
+
+    def decode(self, token: int, pos: int, cache, policy=None):
+        """One token at position pos -> (logits [V], StepTrace)."""
+        logits, trace = self._run(torch.tensor([int(token)]), pos, cache, policy, False)
+        return logits[0], trace
