@@ -226,3 +226,26 @@ def test_device_check_script_runs_on_the_standin():
                         "--prefill", "32"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Check PASSED" in r.stdout and "residual split r=2" in r.stdout
+
+
+def test_tui_status_bar_names_the_standin_gpu(files, tmp_path, standin):
+    """The TUI on the real engine with a stand-in GPU: the status bar's placement is the plan's."""
+    import asyncio
+
+    from tui_helpers import SIZE, make_app, send, wait_for
+
+    from rapidmoe.app.tui.backend import EngineBackend
+
+    async def main():
+        app = make_app(tmp_path, EngineBackend(critical=2), model=files["qwen3moe"],
+                       overrides={"temperature": 0.0, "max_tokens": 6})
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: scr.model is not None, timeout=120)
+            assert scr.model.placement.startswith("stand-in GPU 0: attention + KV + W_Q 100%")
+            assert "stand-in GPU 0" in str(scr.status.line_text())
+            await send(pilot, "hello")
+            await wait_for(pilot, lambda: not scr.generating, timeout=120)
+            assert scr.last_final is not None and scr.last_final.completion_tokens > 0
+
+    asyncio.run(main())

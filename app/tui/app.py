@@ -148,12 +148,11 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
     if ctx is not None and ctx <= 0:
         raise UserError("--ctx must be > 0")
     if backend is None:
-        try:  # the same rule as -p: the residual-split pack at r = k unless told otherwise
-            from ..cmd_chat import critical_setting
+        # the same rules as -p: UMIA's residual split unless told otherwise, placed by the plan
+        from ..cmd_chat import critical_setting
+        from ..cmd_plan import plan_request
 
-            backend = EngineBackend(critical=critical_setting(args, True))
-        except (ImportError, AttributeError):
-            backend = EngineBackend()
+        backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
     chat_id = getattr(args, "chat", None)
     store = ChatStore()
     if chat_id is None and (getattr(args, "continue_", False) or getattr(args, "continue", False)):
