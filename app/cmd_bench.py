@@ -140,5 +140,12 @@ def _table(rows: list[dict]) -> None:
               f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
     for where in dict.fromkeys(r.get("placement") for r in rows if r.get("placement")):
         print(f"placement: {where}")
+    for r in rows:
+        g = r.get("gpu_step")
+        if g:
+            busy = f"{g['gpu_busy_frac']:.0%}" if g["gpu_busy_frac"] is not None else "—"
+            print(f"GPU step r={r['critical']}: {g['step_ms']:.2f} ms/token, CPU experts {g['cpu_expert_ms_per_layer']:.3f} "
+                  f"ms/layer, host waits {g['host_wait_ms']:.2f} ms, orchestration {g['orchestration_ms']:.2f} ms "
+                  f"({g['orchestration_frac']:.0%}), GPU busy {busy}")
     if rows:
         print(f"read bandwidth measured: {rows[0]['read_bandwidth_gbs']:.2f} GB/s with {rows[0]['threads']} threads")

@@ -98,11 +98,12 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     cache = run.new_cache(model.n_ctx)
     toks = rng.integers(10, V - 10, n_gen)
     run.decode(int(toks[0]), 0, cache)  # warm-up token at position 0
-    rs = []
+    traces = []
     t0 = time.perf_counter()
     for i in range(n_gen):
-        rs.append(run.decode(int(toks[i]), i + 1, cache)[1].mean_r)
+        traces.append(run.decode(int(toks[i]), i + 1, cache)[1])
     t_tg = time.perf_counter() - t0
+    rs = [t.mean_r for t in traces]
     peak_decode = _peak_rss()
     cache = run.new_cache(model.n_ctx)
     t0 = time.perf_counter()
@@ -126,7 +127,30 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
         {**base, "test": f"tg{n_gen}", "peak_rss_bytes": int(peak_decode), "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
          "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
     ]
+    if run.gpu_step:
+        rows[1]["gpu_step"] = gpu_step_figures(model, traces, cache, n_gen + 1, int(toks[0]))
     return rows
+
+
+def gpu_step_figures(model, traces, cache, pos: int, token: int) -> dict:
+    """Per decode token of the GPU step: the CPU's expert work per MoE layer, host
+    waits, orchestration (host time neither computing experts nor waiting) and, on
+    a real GPU, how busy it was over one more step."""
+    n_moe = max(1, len(model.net.moe_layers()))
+    step = float(np.mean([t.seconds for t in traces]))
+    orch = float(np.mean([t.orchestration_s for t in traces]))
+    out = {"step_ms": round(step * 1e3, 3),
+           "cpu_expert_ms_per_layer": round(float(np.mean([t.cpu_expert_s for t in traces])) / n_moe * 1e3, 4),
+           "host_wait_ms": round(float(np.mean([t.host_wait_s for t in traces])) * 1e3, 3),
+           "orchestration_ms": round(orch * 1e3, 3), "orchestration_frac": round(orch / step, 4) if step else None,
+           "gpu_busy_frac": None}
+    if torch.cuda.is_available() and model.plan is not None and model.plan.mode != "cpu" \
+            and model.plan.gpu_layers and not model.placement.startswith("stand-in"):
+        from .gpu.profile import busy_fraction
+
+        busy, wall = busy_fraction(lambda: model.runner.decode(token, pos, cache))
+        out["gpu_busy_frac"] = round(busy / wall, 4) if wall else None
+    return out
 
 
 def _peak_rss() -> int:

@@ -44,12 +44,15 @@ class Runner:
         for d in self.devices:
             d.layer_begin()
         t0 = time.perf_counter()
-        logits = self.net.forward(tokens, pos0, cache, step, last_only=last_only)
+        logits = self.net.forward(tokens, pos0, cache, step, last_only=last_only)  # on the head's device
+        t1 = time.perf_counter()
+        logits = logits.float().cpu()
         seconds = time.perf_counter() - t0
+        step.host_wait_s += seconds - (t1 - t0)
         busy = sum(d.layer_busy()[0] for d in self.devices)
         trace = StepTrace(phase="prefill" if step.prefill else "decode", n_tokens=int(tokens.numel()), r=step.r,
                           ids=step.ids, seconds=seconds, where=self.where, groups=step.groups,
-                          cpu_expert_s=step.cpu_expert_s, device_busy_s=busy)
+                          cpu_expert_s=step.cpu_expert_s, host_wait_s=step.host_wait_s, device_busy_s=busy)
         return logits, trace
 
     def prefill(self, tokens, pos0: int, cache, policy=None, last_only: bool = False):

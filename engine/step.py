@@ -24,7 +24,8 @@ class Step:
     r: dict[int, np.ndarray] = field(default_factory=dict)  # MoE layer -> r per token [T]
     ids: dict[int, np.ndarray] = field(default_factory=dict)  # MoE layer -> expert ids [T, k]
     groups: dict[int, dict[str, int]] = field(default_factory=dict)  # MoE layer -> slots per schedule group
-    cpu_expert_s: float = 0.0  # the CPU's share of the split layers (GPU step)
+    cpu_expert_s: float = 0.0  # the CPU's expert work in the split layers (GPU step)
+    host_wait_s: float = 0.0  # the host blocked on the device (GPU step)
     device_busy_s: float = 0.0  # device time inside the MoE layers (GPU step)
 
     def choose(self, w, layer: int) -> np.ndarray:
@@ -48,7 +49,14 @@ class StepTrace:
     where: str  # the loaded placement, e.g. "cpu" or "cuda:0"
     groups: dict[int, dict[str, int]] = field(default_factory=dict)
     cpu_expert_s: float = 0.0
+    host_wait_s: float = 0.0  # incl. the wait for the logits
     device_busy_s: float = 0.0
+
+    @property
+    def orchestration_s(self) -> float:
+        """Host time that is neither the CPU's expert work nor a wait on the device:
+        issuing the step (Python, launches, routing bookkeeping)."""
+        return max(0.0, self.seconds - self.cpu_expert_s - self.host_wait_s)
 
     @property
     def critical(self) -> tuple[int, ...] | None:

@@ -12,6 +12,7 @@ do not depend on the order of tensors or on numpy's version (see rng.py).
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -102,15 +103,37 @@ def _values(spec: TensorSpec, s: SynthShape, seed: int, start: int, n: int) -> n
     if spec.role == "bias":
         return (0.1 * stream.normal(n, start)).astype(np.float32)
     z = stream.student_t(n, s.weight_df, start) if s.weight_df else stream.normal(n, start)
+    return (z * _std(spec, s)).astype(np.float32)
+
+
+def _std(spec: TensorSpec, s: SynthShape) -> float:
     if spec.role == "embed":  # tied: it is the lm head too, scaled like one
-        std = s.output_scale / np.sqrt(s.n_embd) if s.tie_embeddings else 1.0
-    elif spec.role == "output":
-        std = s.output_scale / np.sqrt(s.n_embd)
-    elif spec.role == "router":  # spread enough that each token picks its own top-k
-        std = s.router_scale / np.sqrt(s.n_embd)
-    else:  # activations stay O(1) through the layers
-        std = 1.0 / np.sqrt(spec.ne[0])
-    return (z * std).astype(np.float32)
+        return s.output_scale / np.sqrt(s.n_embd) if s.tie_embeddings else 1.0
+    if spec.role == "output":
+        return s.output_scale / np.sqrt(s.n_embd)
+    if spec.role == "router":  # spread enough that each token picks its own top-k
+        return s.router_scale / np.sqrt(s.n_embd)
+    return 1.0 / np.sqrt(spec.ne[0])  # activations stay O(1) through the layers
+
+
+# Random valid blocks: (bytes per block, std of the block's integer values)
+_RANDOM_BLOCKS = {GGMLQuantizationType.Q8_0: (34, 73.6), GGMLQuantizationType.Q4_0: (18, 4.61)}
+
+
+def _random_blocks(spec: TensorSpec, q: GGMLQuantizationType, s: SynthShape, seed: int) -> Iterator[np.ndarray]:
+    """Blocks of uniformly random quants with the scale that gives the tensor its
+    std: valid files of any size in seconds, for speed tests (no accuracy meaning)."""
+    size, q_std = _RANDOM_BLOCKS[q]
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    d = np.array([_std(spec, s) / q_std], np.float16).view(np.uint8)
+    n_blocks = spec.n_elements // 32
+    per = max(1, _CHUNK // 32)
+    for b0 in range(0, n_blocks, per):
+        blocks = rng.integers(0, 256, (min(per, n_blocks - b0), size), dtype=np.uint8)
+        blocks[:, 0:2] = d
+        if q == GGMLQuantizationType.Q8_0:
+            blocks[:, 2:][blocks[:, 2:] == 128] = 129  # int8 -128 out: values in [-127, 127]
+        yield blocks
 
 
 def _encode(x: np.ndarray, q: GGMLQuantizationType) -> np.ndarray:
@@ -121,7 +144,11 @@ def _encode(x: np.ndarray, q: GGMLQuantizationType) -> np.ndarray:
     return quants.quantize(x, q)
 
 
-def _chunks(spec: TensorSpec, q: GGMLQuantizationType, s: SynthShape, seed: int) -> Iterator[np.ndarray]:
+def _chunks(spec: TensorSpec, q: GGMLQuantizationType, s: SynthShape, seed: int,
+            random_blocks: bool = False) -> Iterator[np.ndarray]:
+    if random_blocks and q in _RANDOM_BLOCKS and not isinstance(spec, synth_deepseek2.DerivedSpec):
+        yield from _random_blocks(spec, q, s, seed)
+        return
     row = spec.ne[0]
     if isinstance(spec, synth_deepseek2.DerivedSpec):  # made from other tensors' values (small)
         parts = [_values(src, s, seed, 0, src.n_elements) for src in spec.sources]
@@ -137,13 +164,15 @@ def _chunks(spec: TensorSpec, q: GGMLQuantizationType, s: SynthShape, seed: int)
 
 def write_synthetic(path: str | os.PathLike, arch: str, *, seed: int, dtype: str | None = None,
                     expert_dtype: str | None = None, tokenizer: str = "smollm2",
-                    name: str | None = None, **shape_overrides) -> Path:
+                    name: str | None = None, random_blocks: bool = False, **shape_overrides) -> Path:
     """Write a synthetic MoE GGUF and return its path. The same arguments give the
     same bytes. ``arch`` is a preset: qwen3moe, qwen2moe, llama_moe (alias llama),
     olmoe, bench, or a deepseek2 one (synth_deepseek2.PRESETS). ``dtype`` (f32,
     f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1) is used by the matrices,
     ``expert_dtype`` (default: dtype) by the stacked experts; norms, biases and
-    routers stay F32. ``shape_overrides`` are SynthShape fields.
+    routers stay F32. ``shape_overrides`` are SynthShape fields. ``random_blocks``:
+    Q8_0/Q4_0 tensors as random valid blocks of the right scale (fast, for speed
+    tests of big shapes; not the same values as without it).
     """
     plan = plan_synthetic(arch, dtype=dtype, expert_dtype=expert_dtype, tokenizer=tokenizer,
                           name=name, **shape_overrides)
@@ -163,7 +192,7 @@ def write_synthetic(path: str | os.PathLike, arch: str, *, seed: int, dtype: str
         fout = writer.fout[0]
         for spec, q in plan.tensors:
             writer.write_padding(fout, fout.tell())
-            for chunk in _chunks(spec, q, plan.shape, seed):
+            for chunk in _chunks(spec, q, plan.shape, seed, random_blocks):
                 chunk.tofile(fout)
             writer.write_padding(fout, fout.tell())
         writer.close()

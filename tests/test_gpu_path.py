@@ -249,3 +249,17 @@ def test_tui_status_bar_names_the_standin_gpu(files, tmp_path, standin):
             assert scr.last_final is not None and scr.last_final.completion_tokens > 0
 
     asyncio.run(main())
+
+
+def test_product_device_script_runs_on_the_standin(tmp_path):
+    """tests/gpu/product.py, the device check's product part, at a tiny size on a stand-in
+    GPU: write, plan V3 (gpu-partial on an H200's memory), convert, -p, the bench table."""
+    script = Path(__file__).parent / "gpu" / "product.py"
+    r = subprocess.run([sys.executable, str(script), "--standin", "--prompt", "32", "--gen", "4", "--dir",
+                        str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    assert "plan for the full 61-layer DeepSeek-V3 on this GPU: gpu-partial" in out
+    for row in ("(a) KTransformers-style", "(b) residual split", "(c) CPU only", "r=auto", "r=2"):
+        assert row in out
+    assert "placement of the -p run: stand-in GPU 0" in out

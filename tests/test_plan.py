@@ -10,13 +10,13 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from shapes import with_types, write_shape_only, write_v3_shape
 
 from rapidmoe.app.cli import main
-from rapidmoe.engine import synth_arch, synth_deepseek2
+from rapidmoe.engine import synth_arch
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.gguf.writer import TensorSlot, build_header, encode_kv
 from rapidmoe.engine.hardware import GiB, GPUInfo, HardwareRecord
 from rapidmoe.engine.plan import CUDA_CONTEXT_BYTES, dram_reserve_bytes, plan
 from rapidmoe.engine.plan_sizes import load_expert_frequencies, sizes_from_gguf
@@ -38,35 +38,10 @@ MACHINES = {
 }
 
 
-def write_shape_only(path: Path, arch: str, kvs, tensors) -> Path:
-    """A GGUF whose header is real and whose data is a hole (sparse file): a
-    671B-parameter layout costs no disk, and anything reading weights would see zeros."""
-    slots = []
-    for spec, q in tensors:
-        block, size = GGML_QUANT_SIZES[q]
-        slots.append(TensorSlot(spec.name, int(q), spec.ne, spec.n_elements // block * size))
-    raw = [encode_kv("general.architecture", arch)] + [encode_kv(k, v) for k, v, _ in kvs]
-    head, _, size = build_header(raw, slots)
-    with open(path, "wb") as f:
-        f.write(head)
-        f.truncate(size)
-    return path
-
-
-def _types(tensors, expert=Q.Q4_K, dense=Q.Q8_0):
-    return [(t, Q.F32 if t.role in ("norm", "bias", "router", "gate_vec") else expert if t.role == "expert" else dense)
-            for t in tensors]
-
-
 @pytest.fixture(scope="module")
 def v3_file(tmp_path_factory) -> Path:
-    """DeepSeek-V3/R1-671B's layout: 61 layers (3 dense), 256 experts of 2048, top-8, MLA, 129K vocab."""
-    s = synth_deepseek2.resolve_shape(
-        "ds2_v3", n_embd=7168, n_layer=61, n_head=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope=128, qk_rope=64,
-        v_head=128, n_ff=18432, n_ff_exp=2048, n_expert=256, n_expert_used=8, n_expert_shared=1,
-        n_layer_dense_lead=3, n_group=8, n_group_used=4, n_vocab=129280, n_ctx=163840)
-    return write_shape_only(tmp_path_factory.mktemp("v3") / "DeepSeek-V3-shape.gguf", "deepseek2",
-                            synth_deepseek2.hparam_kvs(s), _types(synth_deepseek2.tensor_plan(s)))
+    """DeepSeek-V3/R1-671B's layout (tests/shapes.py)."""
+    return write_v3_shape(tmp_path_factory.mktemp("v3") / "DeepSeek-V3-shape.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +51,7 @@ def a3b_file(tmp_path_factory) -> Path:
                                  n_ff_exp=768, n_expert=128, n_expert_used=8, n_vocab=151936, n_ctx=40960)
     kvs = synth_arch.hparam_kvs(s) + [("qwen3moe.vocab_size", 151936, "u32")]
     return write_shape_only(tmp_path_factory.mktemp("a3b") / "Qwen3-30B-A3B-shape.gguf", "qwen3moe", kvs,
-                            _types(synth_arch.tensor_plan(s)))
+                            with_types(synth_arch.tensor_plan(s)))
 
 
 def sizes_of(path):

@@ -4,7 +4,10 @@ standing in for the GPU (tests) and on a real GPU:
 
     put(array)                         weights onto the device (once)
     to_device(host tensor)             activations onto the device (async)
-    to_host(dev tensor) -> Pending     async copy to pinned host memory; .wait() -> host tensor
+    to_host(*dev tensors) -> Pending   async copy to pinned host memory; .wait() -> host tensor
+                                       (a tuple of them for several: one copy event, one wait)
+    new_layer()                        the previous layer's copies are complete (its staging
+                                       buffers may be reused)
     gate_up(wg, wu, eid, x, xrow, swiglu)   W_Q gate/up of selected slots
     down(wd, eid, h, scale)            W_Q down of selected slots, scaled per slot
     index_add(out, tok, y)             out[tok[i]] += y[i]
@@ -62,9 +65,12 @@ class StandInDevice:
     def to_device(self, t: torch.Tensor):
         return self._run(lambda v: v.clone(), t)
 
-    def to_host(self, t) -> Pending:
-        f = self._run(lambda v: v.clone(), t)
-        return Pending(f.result)
+    def to_host(self, *ts) -> Pending:
+        f = self._run(lambda *v: tuple(x.clone() for x in v), *ts)
+        return Pending(lambda: f.result() if len(ts) > 1 else f.result()[0])
+
+    def new_layer(self) -> None:
+        pass
 
     def zeros(self, T: int, H: int):
         return self._run(lambda: torch.zeros(T, H))
@@ -117,8 +123,38 @@ class StandInDevice:
         return t.result() if isinstance(t, Future) else t
 
 
+class PinnedArena:
+    """Pinned host staging for one device's copies, reused layer after layer (no
+    pin_memory per call): take() hands out slices of one page-locked block, which
+    grows (and is replaced) only when a layer needs more; reset() once the copies
+    that used the slices are complete."""
+
+    ALIGN = 256
+
+    def __init__(self, nbytes: int = 1 << 22):
+        self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self._used = 0
+        self._want = 0
+
+    def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        start = -(-self._used // self.ALIGN) * self.ALIGN
+        if start + n > self._buf.numel():  # this layer needs more: a fresh buffer for now, a bigger arena next
+            self._want = max(self._want, start + n)
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        self._used = start + n
+        return self._buf[start:start + n].view(dtype).view(shape)
+
+    def reset(self) -> None:
+        if self._want > self._buf.numel():
+            self._buf = torch.empty(2 * self._want, dtype=torch.uint8, pin_memory=True)
+        self._used, self._want = 0, 0
+
+
 class CudaDevice:
-    """The GPU: torch's current stream, the kernels of engine/gpu/kernels.py."""
+    """The GPU: torch's current stream for compute, a second stream for the copies
+    to the host (each waits for the compute that made its tensor), pinned staging
+    from a PinnedArena."""
 
     name = "cuda"
 
@@ -129,6 +165,8 @@ class CudaDevice:
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._open: torch.cuda.Event | None = None
         self._layer0: torch.cuda.Event | None = None
+        self._arena = PinnedArena()
+        self._copy = torch.cuda.Stream(self.dev)
 
     def put(self, a):
         t = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
@@ -139,18 +177,29 @@ class CudaDevice:
             return t
         if t.is_cuda:  # from another GPU (layers split across GPUs)
             return t.to(self.dev, non_blocking=True)
-        src = t if t.is_pinned() else t.pin_memory()
+        src = t
+        if not t.is_pinned():
+            src = self._arena.take(t.shape, t.dtype)
+            src.copy_(t)
         return src.to(self.dev, non_blocking=True)
 
-    def to_host(self, t: torch.Tensor) -> Pending:
-        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        buf.copy_(t, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(self.dev))
+    def new_layer(self) -> None:
+        self._arena.reset()
+
+    def to_host(self, *ts: torch.Tensor) -> Pending:
+        compute = torch.cuda.current_stream(self.dev)
+        bufs = [self._arena.take(t.shape, t.dtype) for t in ts]
+        self._copy.wait_stream(compute)
+        with torch.cuda.stream(self._copy):
+            for b, t in zip(bufs, ts):
+                b.copy_(t, non_blocking=True)
+                t.record_stream(self._copy)  # the allocator keeps t until the copy is done
+            ev = torch.cuda.Event()
+            ev.record(self._copy)
 
         def wait():
             ev.synchronize()
-            return buf
+            return bufs[0] if len(bufs) == 1 else tuple(bufs)
         return Pending(wait)
 
     def zeros(self, T: int, H: int) -> torch.Tensor:
@@ -163,13 +212,13 @@ class CudaDevice:
         return a + b
 
     def _ids(self, a: torch.Tensor) -> torch.Tensor:
-        return a.to(torch.int32).pin_memory().to(self.dev, non_blocking=True)
+        return self.to_device(a.to(torch.int32))
 
     def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
         return slots_gate_up(wg, wu, eid, x, xrow, swiglu, self._ids)
 
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
-        scale_d = scale.to(torch.float32).pin_memory().to(self.dev, non_blocking=True)
+        scale_d = self.to_device(scale.to(torch.float32))
         return slots_down(wd, eid, h, scale_d, self._ids)
 
     def segment_begin(self, name: str) -> None:

@@ -31,7 +31,8 @@ class LayerStats:
     The device's busy time is read with device.layer_begin()/layer_busy() around
     whatever the caller counts as the layer (attention included)."""
     r: np.ndarray | None = None
-    cpu_s: float = 0.0
+    cpu_s: float = 0.0  # the CPU's expert work (waits excluded)
+    wait_s: float = 0.0  # the host blocked on the device (routing copy, critical partials)
     groups: dict = field(default_factory=dict)
 
 
@@ -69,10 +70,17 @@ class SplitSchedule:
 
     def __call__(self, x, ids: torch.Tensor, w: torch.Tensor, step):
         dev, p = self.dev, self.p
-        # routing to the host in one packed copy (ids as floats are exact below 2^24):
-        # the CPU's share depends on it
+        # staging buffers are free again: the host took the previous layer's copies, and
+        # every host-written upload of this layer comes after the routing copy's wait
+        dev.new_layer()
+        x_dev = dev.to_device(x)
+        x_host = dev.to_host(x_dev)  # issued before the routing copy below: done when it is
+        # routing to the host in one packed copy (ids as floats are exact below 2^24): the
+        # CPU's share depends on it. This and the critical partials are the layer's waits.
         T, k = ids.shape
+        t_wait = time.perf_counter()
         packed = torch.cat([ids.to(torch.float32), w.to(torch.float32)], dim=1).cpu()  # [T, 2k]
+        route_wait = time.perf_counter() - t_wait
         ids_h, w_h = packed[:, :k].long(), packed[:, k:]
         order = torch.argsort(w_h, dim=1, descending=True, stable=True)  # critical = largest weights
         ids_h, w_h = ids_h.gather(1, order), w_h.gather(1, order)
@@ -83,15 +91,13 @@ class SplitSchedule:
         slot = self.cache.slot_of
         t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
 
-        x_dev = dev.to_device(x)
-        x_host = dev.to_host(x_dev)
         gu_host = None
         if len(A):  # the critical experts' W_Q gate/up go first: the CPU is waiting for them
             dev.segment_begin("critical gate/up")
             g, u = dev.gate_up(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[A]]), x_dev,
                                torch.from_numpy(plan.tok[A].astype(np.int32)), swiglu=False)
             dev.segment_end("critical gate/up")
-            gu_host = (dev.to_host(g), dev.to_host(u))
+            gu_host = dev.to_host(g, u)  # one copy, one wait
         out_dev = dev.zeros(T, self.H)
         if len(C):
             dev.segment_begin("W_Q experts")
@@ -104,6 +110,7 @@ class SplitSchedule:
 
         t0 = time.perf_counter()
         xh = x_host.wait().float().contiguous()  # [T, H]
+        wait_s = time.perf_counter() - t0
         out_cpu = torch.zeros(T, self.H)
         BD = np.concatenate([B, D])
         if len(BD):  # uncached experts: the CPU's own split path, one row per slot
@@ -113,7 +120,9 @@ class SplitSchedule:
                                             p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"])
             out_cpu.index_add_(0, t_long(BD), torch.from_numpy(y))
         if len(A):
-            g, u = gu_host[0].wait(), gu_host[1].wait()  # [nA, F] each
+            t_wait = time.perf_counter()
+            g, u = gu_host.wait()  # [nA, F] each
+            wait_s += time.perf_counter() - t_wait
             order = np.argsort(plan.eid[A], kind="stable")  # each expert's residual bytes read once
             e_u, counts = np.unique(plan.eid[A][order], return_counts=True)
             e_u, counts = e_u.astype(np.int32), counts.astype(np.int64)
@@ -124,10 +133,12 @@ class SplitSchedule:
             y = torch.from_numpy(kernels.resplit_expert_matmul("d4", p["down4"], hA.shape[1], e_u, hA, counts))
             out_cpu.index_add_(0, torch.from_numpy(plan.tok[A][order]).long(),
                                y * torch.from_numpy(plan.w[A][order])[:, None])
-        cpu_s = time.perf_counter() - t0
+        cpu_s = time.perf_counter() - t0 - wait_s
+        wait_s += route_wait
         out = dev.add(out_dev, dev.to_device(out_cpu)) if len(BD) or len(A) else out_dev
-        self.stats = LayerStats(r=r, cpu_s=cpu_s,
+        self.stats = LayerStats(r=r, cpu_s=cpu_s, wait_s=wait_s,
                                 groups={"A": len(A), "B": len(B), "C": len(C), "D": len(D)})
         step.groups[self.layer] = self.stats.groups
         step.cpu_expert_s += cpu_s
+        step.host_wait_s += wait_s
         return out

@@ -133,7 +133,8 @@ class Transformer:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, cache: KVCache, step, last_only: bool = False) -> torch.Tensor:
-        """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only).
+        """tokens [T] at positions pos0.. -> logits [T, V] (or [1, V] with last_only), on the
+        output head's device.
         step (engine.step.Step): this call's policy and records; callers go through
         engine.runner.Runner."""
         # Decode's heavy math is in the kernels' own thread pool; torch's OpenMP
@@ -145,7 +146,7 @@ class Transformer:
         if last_only:
             x = x[-1:]
         x = x.to(self.head_device)
-        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output).float().cpu()
+        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)
 
 
 def routed_ffn(cfg: ModelConfig, W: Weights, il: int, shared=None) -> MoEFFN:

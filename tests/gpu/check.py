@@ -143,26 +143,10 @@ def run_prefill(layers, scheds, dev, devname, T, pol):
 
 
 def gpu_busy_s(layers, scheds, dev, x, pol) -> float:
-    """Union of the GPU's kernel and copy intervals over one decode step (CUPTI)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    """GPU busy seconds over one decode step (CUPTI)."""
+    from rapidmoe.engine.gpu.profile import busy_fraction
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        dsv3.step(layers, scheds, dev, x, pol)
-        torch.cuda.synchronize()
-    iv = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                if getattr(e, "device_type", None) == DeviceType.CUDA)
-    busy, cur_s, cur_e = 0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return busy / 1e6
+    return busy_fraction(lambda: dsv3.step(layers, scheds, dev, x, pol))[0]
 
 
 def guarded(what: str, fn, *args):
@@ -197,6 +181,8 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=dsv3.E)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=256)
+    ap.add_argument("--no-table", action="store_true",
+                    help="skip the layer-level speed table (tests/gpu/product.py gives the product's)")
     ap.add_argument("--correctness-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.correctness_only:
@@ -246,6 +232,9 @@ def main() -> int:
     print(f"\n== the same with the CPU kernels in use here ({kernels.isa_info().get('active')}"
           f"{'' if a.standin else '; informational: int8 activations on SIMD CPUs'})\n" + table(rows, CORR_HEAD))
 
+    if a.no_table:
+        print(f"\nCheck {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t_start:.0f} s")
+        return 0 if ok else 1
     umia = umia_policy()
     modes = [("KTransformers-style (routed experts on CPU)", FixedCritical(K), 0.0)]
     for frac in (1.0, 0.25):
