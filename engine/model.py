@@ -132,35 +132,32 @@ def _gpu_step(net, policy, p, hw, progress):
 
     from .gpu.executor import attach_plan, layer_devices
 
+    from .gpu import device as gd
+
     standin = hw.gpu_source == "standin"
     names = [d for d, _, _ in p.gpu_layers]
     if standin:
-        from .gpu.device import StandInDevice
-
-        devices = {d: StandInDevice() for d in names}
-        tdev = {d: torch.device("cpu") for d in names}
+        devices = {d: gd.StandInDevice() for d in names}
     else:
         from .gpu import kernels as gk
-        from .gpu.device import CudaDevice
 
-        tdev = {d: torch.device(d) for d in names}
         for i, d in enumerate(names):  # compile (or load the cached) kernels: a visible step
             if progress:
                 progress("CUDA kernels", i, len(names))
-            gk.load(tdev[d])
+            gk.load(torch.device(d))
         if progress:
             progress("CUDA kernels", len(names), len(names))
-        devices = {d: CudaDevice(d) for d in names}
+        devices = {d: gd.CudaDevice(d) for d in names}
     if progress:
         progress("place", 0, 1)
-    attach_plan(net, p, devices, tdev)
+    attach_plan(net, p, devices)
     if progress:
         progress("place", 1, 1)
     from .runner import Runner
 
     owner = layer_devices(p, len(net.blocks))
     runner = Runner(net, policy, where="+".join(names), devices=tuple(devices.values()),
-                    layer_devices=None if standin else [tdev[d] for d in owner])
+                    layer_devices=[devices[d].torch_device for d in owner])
     return runner, p.describe(standin)
 
 

@@ -43,6 +43,11 @@ class StandInDevice:
     products use the CPU kernels on the same bytes the GPU kernels decode."""
 
     name = "cpu-standin"
+    torch_device = torch.device("cpu")
+
+    def place_weight(self, w):
+        """A layer's non-expert weight as this device computes with it: the host's own."""
+        return w
 
     def __init__(self):
         self._q = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standin-stream")
@@ -161,6 +166,7 @@ class CudaDevice:
     def __init__(self, device: str | torch.device = "cuda", measure: bool = False):
         d = torch.device(device)
         self.dev = torch.device("cuda", torch.cuda.current_device()) if d.index is None else d
+        self.torch_device = self.dev
         self.measure = measure
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._open: torch.cuda.Event | None = None
@@ -171,6 +177,11 @@ class CudaDevice:
     def put(self, a):
         t = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
         return t.to(self.dev)
+
+    def place_weight(self, w):
+        """A layer's non-expert weight in VRAM: GGUF types the kernels read stay as they
+        are, other float matrices in bf16; vectors (norms, biases, router gates) in f32."""
+        return place_weight(w, self.dev)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         if t.device == self.dev:
@@ -276,15 +287,32 @@ def slots_down(wd, eid: torch.Tensor, h, scale_dev: torch.Tensor, to_dev):
     return gk.wq_gemv(wd, to_dev(eid), to_dev(rows), gk.wq_prep(h.contiguous()), scale_dev)
 
 
+def place_weight(w, device: torch.device):
+    """A host weight (QWeight or float tensor) -> what the GPU kernels and torch read."""
+    if w is None:
+        return w
+    from .placement import place
+
+    if isinstance(w, torch.Tensor) and w.dim() == 1:
+        return w.to(device)
+    return place(w, device, torch.float32 if isinstance(w, torch.Tensor) else torch.bfloat16)
+
+
 class EmulatedGpuDevice(StandInDevice):
-    """The GPU code path (engine/gpu/kernels.py, prefill.py) on CPU tensors, its
-    kernels run by the CPU emulation library (kernels.use_emulator): lets tests
-    cover everything but the hardware."""
+    """The GPU code path (engine/gpu/kernels.py, prefill.py, the GPU placement of
+    non-expert weights) on CPU tensors, its kernels run by the CPU emulation library
+    (kernels.use_emulator): lets tests cover everything but the hardware."""
 
     name = "emulated-gpu"
 
+    def place_weight(self, w):
+        return place_weight(w, torch.device("cpu"))
+
     def put(self, a):
-        return torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+        if not isinstance(a, np.ndarray):
+            return a
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a if a.flags.writeable else a.copy())  # "device memory" is a copy
 
     def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
         ids = lambda a: a.to(torch.int32).contiguous()  # noqa: E731

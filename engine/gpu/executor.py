@@ -13,6 +13,7 @@ import torch
 
 from ..moe.block import MoEFFN
 from ..moe.resplit import ResplitExperts
+from ..weights import QWeight
 from .schedule import SplitSchedule
 from .wq_cache import build_layer_cache, wq_expert_bytes
 
@@ -57,10 +58,10 @@ def layer_devices(plan, n_layer: int) -> list[str]:
     return owner
 
 
-def attach_plan(net, plan, devices: dict, torch_devices: dict) -> LoadedPlacement:
+def attach_plan(net, plan, devices: dict) -> LoadedPlacement:
     """Move net onto the plan's devices. devices: plan device name ("cuda:0") ->
-    the schedule's device object (engine/gpu/device.py); torch_devices: the same
-    name -> where that device's tensors live (the GPU, or the host for a stand-in)."""
+    its device object (engine/gpu/device.py), which says where its tensors live
+    (torch_device) and how a non-expert weight is kept there (place_weight)."""
     owner = layer_devices(plan, len(net.blocks))
     cached_by_layer: dict[int, list[int]] = {}
     for il, e in plan.cached:
@@ -70,8 +71,7 @@ def attach_plan(net, plan, devices: dict, torch_devices: dict) -> LoadedPlacemen
     total = 0
     for il, blk in enumerate(net.blocks):
         name = owner[il]
-        tdev = torch_devices[name]
-        _place_block(blk, tdev)
+        _place_block(blk, devices[name])
         ffn = blk.ffn
         if isinstance(ffn, MoEFFN) and isinstance(ffn.experts, ResplitExperts):
             ex = ffn.experts
@@ -82,30 +82,18 @@ def attach_plan(net, plan, devices: dict, torch_devices: dict) -> LoadedPlacemen
             wq[name] += len(ids) * wq_expert_bytes(ex.gate_q, ex.up_q, ex.down_q)
             total += ex.gate_q.shape[0]
     head = next((c.device for c in plan.components if c.name.startswith("output head")), owner[-1])
-    net.head_device = torch_devices[head]
-    net.output_norm = _place(net.output_norm, net.head_device)
-    net.output = _place(net.output, net.head_device)
+    net.head_device = devices[head].torch_device
+    net.output_norm = devices[head].place_weight(net.output_norm)
+    net.output = devices[head].place_weight(net.output)
     spans = {d: (a, b) for d, a, b in plan.gpu_layers}
     return LoadedPlacement(spans, cached, wq, total, head)
 
 
-def _place(w, device: torch.device):
-    """A host weight -> its twin on device (nothing to do for the host itself)."""
-    if w is None or device.type == "cpu":
-        return w
-    from .placement import place
-
-    if isinstance(w, torch.Tensor) and w.dim() == 1:
-        return w.to(device)  # norms, biases, router gates: f32
-    return place(w, device, torch.float32 if isinstance(w, torch.Tensor) else torch.bfloat16)
-
-
-def _place_block(blk, device: torch.device) -> None:
+def _place_block(blk, device) -> None:
     """The block's attention and dense/shared/router weights onto device."""
-    blk.device = device
-    if device.type == "cpu":
-        return
-    blk.attn_norm, blk.ffn_norm = _place(blk.attn_norm, device), _place(blk.ffn_norm, device)
+    blk.device = device.torch_device
+    place = device.place_weight
+    blk.attn_norm, blk.ffn_norm = place(blk.attn_norm), place(blk.ffn_norm)
     parts = [blk.attn, blk.ffn]
     if isinstance(blk.ffn, MoEFFN) and blk.ffn.shared is not None:
         parts.append(blk.ffn.shared)
@@ -113,5 +101,5 @@ def _place_block(blk, device: torch.device) -> None:
         for k, v in list(vars(obj).items()):
             if k in ("rope", "cfg", "experts", "spec", "shared") or k.startswith("_"):
                 continue
-            if isinstance(v, torch.Tensor) or type(v).__name__ == "QWeight":
-                setattr(obj, k, _place(v, device))
+            if isinstance(v, (torch.Tensor, QWeight)):
+                setattr(obj, k, place(v))

@@ -21,7 +21,10 @@ class GpuQWeight:
             raise ValueError(f"GPU GGUF matrices: Q8_0/Q4_K/Q5_K/Q6_K 2-D (got type {qtype}, shape {shape})")
         self.qtype, self.shape = int(qtype), tuple(shape)
         rows, n = shape
-        self.raw = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)).to(device)
+        arr = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+        if not arr.flags.writeable and torch.device(device).type == "cpu":
+            arr = arr.copy()  # torch never aliases a read-only mapping (the emulated GPU's case)
+        self.raw = torch.from_numpy(arr).to(device)
 
     @classmethod
     def from_device_bytes(cls, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> "GpuQWeight":
