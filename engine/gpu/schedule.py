@@ -82,6 +82,7 @@ class SplitSchedule:
         packed = torch.cat([ids.to(torch.float32), w.to(torch.float32)], dim=1).cpu()  # [T, 2k]
         route_wait = time.perf_counter() - t_wait
         ids_h, w_h = packed[:, :k].long(), packed[:, k:]
+        step.ids[self.layer] = ids_h.numpy()  # selection order, as the CPU step records them
         order = torch.argsort(w_h, dim=1, descending=True, stable=True)  # critical = largest weights
         ids_h, w_h = ids_h.gather(1, order), w_h.gather(1, order)
         r = step.choose(w_h, self.layer)

@@ -64,12 +64,21 @@ class Rope:
                 mscale *= 1.0 + 0.1 * math.log(1.0 / fs)
         self.cos = (torch.cos(theta) * mscale).float()
         self.sin = (torch.sin(theta) * mscale).float()
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # the tables on each GPU
+
+    def tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device.type == "cpu":
+            return self.cos, self.sin
+        if device not in self._on:  # copied once, not per call (a copy per layer would sync)
+            self._on[device] = (self.cos.to(device), self.sin.to(device))
+        return self._on[device]
 
     def __call__(self, x: torch.Tensor, pos0: int) -> torch.Tensor:
         # x [T, H, hd] -> same; rotates the first `dim` dims of each head
         T = x.shape[0]
-        cos = self.cos[pos0:pos0 + T, None, :].to(x.device)  # [T, 1, d/2]
-        sin = self.sin[pos0:pos0 + T, None, :].to(x.device)
+        cos_t, sin_t = self.tables(x.device)
+        cos = cos_t[pos0:pos0 + T, None, :]  # [T, 1, d/2]
+        sin = sin_t[pos0:pos0 + T, None, :]
         d = self.dim
         rot, rest = x[..., :d], x[..., d:]
         if self.style == "neox":

@@ -37,7 +37,8 @@ class MoEFFN:
     def __call__(self, x: torch.Tensor, step) -> torch.Tensor:
         # x [T, H] -> [T, H]
         ids, w = route(linear(x, self.router_w), self.spec, self.bias)  # [T, k], [T, k]
-        step.ids[self.layer] = ids.detach().cpu().numpy()
+        if ids.device.type == "cpu":  # on a GPU the schedule records them from its one routing copy
+            step.ids[self.layer] = ids.numpy()
         out = self.experts(x, ids, w, step)
         if self.shared is not None:
             out = out + self.shared(x)
