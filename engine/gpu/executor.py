@@ -6,8 +6,6 @@ norms and KV cache of the layer go to the same device, the output head to the
 last one. The embedding stays on the host (row lookups)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -15,7 +13,7 @@ from ..moe.block import MoEFFN
 from ..moe.resplit import ResplitExperts
 from ..weights import QWeight
 from .schedule import SplitSchedule
-from .wq_cache import build_layer_cache, wq_expert_bytes
+from .wq_cache import build_layer_cache
 
 
 class GpuSplitExperts:
@@ -34,20 +32,6 @@ class GpuSplitExperts:
         return out if out.device == x.device else out.to(x.device)
 
 
-@dataclass(frozen=True)
-class LoadedPlacement:
-    """What the GPU step put where: per device, its layers and cached experts."""
-    layers: dict[str, tuple[int, int]]  # device -> (first, last) layer
-    cached: dict[str, int]  # device -> experts whose W_Q it holds
-    wq_bytes: dict[str, int]  # device -> bytes of those W_Q
-    total_experts: int
-    head: str
-
-    @property
-    def cached_experts(self) -> int:
-        return sum(self.cached.values())
-
-
 def layer_devices(plan, n_layer: int) -> list[str]:
     """The device of each layer, from plan.gpu_layers (layers outside every span:
     the first span's device)."""
@@ -58,7 +42,7 @@ def layer_devices(plan, n_layer: int) -> list[str]:
     return owner
 
 
-def attach_plan(net, plan, devices: dict) -> LoadedPlacement:
+def attach_plan(net, plan, devices: dict) -> None:
     """Move net onto the plan's devices. devices: plan device name ("cuda:0") ->
     its device object (engine/gpu/device.py), which says where its tensors live
     (torch_device) and how a non-expert weight is kept there (place_weight)."""
@@ -66,9 +50,6 @@ def attach_plan(net, plan, devices: dict) -> LoadedPlacement:
     cached_by_layer: dict[int, list[int]] = {}
     for il, e in plan.cached:
         cached_by_layer.setdefault(il, []).append(e)
-    cached = {d: 0 for d in devices}
-    wq = {d: 0 for d in devices}
-    total = 0
     for il, blk in enumerate(net.blocks):
         name = owner[il]
         _place_block(blk, devices[name])
@@ -78,15 +59,10 @@ def attach_plan(net, plan, devices: dict) -> LoadedPlacement:
             ids = np.asarray(cached_by_layer.get(il, []), dtype=np.int32)
             cache = build_layer_cache(devices[name], ex.gate_q, ex.up_q, ex.down_q, ids)
             ffn.experts = GpuSplitExperts(SplitSchedule(il, ex.parts, devices[name], cache), devices[name])
-            cached[name] += len(ids)
-            wq[name] += len(ids) * wq_expert_bytes(ex.gate_q, ex.up_q, ex.down_q)
-            total += ex.gate_q.shape[0]
     head = next((c.device for c in plan.components if c.name.startswith("output head")), owner[-1])
     net.head_device = devices[head].torch_device
     net.output_norm = devices[head].place_weight(net.output_norm)
     net.output = devices[head].place_weight(net.output)
-    spans = {d: (a, b) for d, a, b in plan.gpu_layers}
-    return LoadedPlacement(spans, cached, wq, total, head)
 
 
 def _place_block(blk, device) -> None:
