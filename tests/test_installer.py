@@ -146,7 +146,9 @@ def installs(tmp_path_factory):
     for name, p in procs.items():
         out, _ = p.communicate(timeout=1200)
         results[name] = (p.returncode, out) + cases[name]
-    return results
+    yield results
+    for _, home, _ in cases.values():  # two environments with torch in them: ~2 GB
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize("case", ["bare", "oldpipx"])
