@@ -107,6 +107,16 @@ RMOE_HD int dp2a_hi_su(u32 a, u32 b, int c) {
 #endif
 }
 
+// c + the dot product of the four signed bytes of a with those of b.
+RMOE_HD int dp4a_ss(u32 a, u32 b, int c) {
+#if RMOE_DEVICE_PATH
+  return __dp4a((int)a, (int)b, c);
+#else
+  for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+  return c;
+#endif
+}
+
 }  // namespace rmoe_cuda
 
 #if RMOE_DEVICE_PATH || defined(RMOE_EMULATE)  // dev/emu.h runs the kernels on the CPU
@@ -121,6 +131,48 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// 16 bytes at p, which must be 16-byte aligned (one vector load through the read-only path).
+__device__ __forceinline__ uint4 ld16(const u8* p) {
+#ifdef RMOE_EMULATE
+  emu_check_aligned(p, 16);
+#endif
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// The aligned 16-byte granules around 16 bytes at a 2-byte aligned p: two vector
+// loads (one when p is aligned) that consecutive lanes share, put back in order
+// by win16. The second granule holds at least one of the 16 bytes, so it lies in
+// the same allocation.
+struct Win16 {
+  uint4 a, b;
+  u32 s;  // p's offset in the first granule (even)
+};
+__device__ __forceinline__ Win16 ld_win16(const u8* p) {
+#ifdef RMOE_EMULATE
+  emu_check_aligned(p, 2);
+#endif
+  Win16 w;
+  w.s = (u32)((unsigned long long)p & 15u);
+  const u8* g = p - w.s;
+  w.a = ld16(g);
+  w.b = w.a;
+  if (w.s) w.b = ld16(g + 16);
+  return w;
+}
+__device__ __forceinline__ uint4 win16(const Win16& w) {
+  u32 v0 = w.a.x, v1 = w.a.y, v2 = w.a.z, v3 = w.a.w, v4 = w.b.x, v5 = w.b.y, v6 = w.b.z, v7 = w.b.w;
+  if (w.s & 8) {  // selects, not branches: s differs from lane to lane
+    v0 = v2; v1 = v3; v2 = v4; v3 = v5; v4 = v6; v5 = v7;
+  }
+  if (w.s & 4) {
+    v0 = v1; v1 = v2; v2 = v3; v3 = v4; v4 = v5;
+  }
+  const u32 sel = (w.s & 2) ? 0x5432u : 0x3210u;
+  uint4 r;
+  r.x = byte_perm(v0, v1, sel); r.y = byte_perm(v1, v2, sel); r.z = byte_perm(v2, v3, sel); r.w = byte_perm(v3, v4, sel);
+  return r;
 }
 }  // namespace rmoe_cuda
 #endif

@@ -4,9 +4,11 @@
 // by a barrier at every shuffle. Slow and only for small test shapes; timing
 // and memory-model questions stay with the device.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -18,6 +20,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __shared__ static  // blocks run one after another: one copy serves each block in turn
 
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
@@ -33,11 +36,21 @@ inline T __ldg(const T* p) { return *p; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float __expf(float x) { return expf(x); }
 
+// A misaligned vector load faults on the device; here it is recorded and the
+// launch reports failure (emu_call returns nonzero).
+inline std::atomic<bool> emu_fault{false};
+inline void emu_check_aligned(const void* p, unsigned a) {
+  if (reinterpret_cast<uintptr_t>(p) % a && !emu_fault.exchange(true))
+    fprintf(stderr, "emulator: %u-byte access at %p is misaligned\n", a, p);
+}
+
 struct EmuWarp {
   std::barrier<> bar{32};
   uint64_t slot[32];
 };
 inline thread_local EmuWarp* emu_warp = nullptr;
+inline thread_local std::barrier<>* emu_block = nullptr;
+inline void __syncthreads() { emu_block->arrive_and_wait(); }  // every thread of the block must reach it
 
 template <class T>
 inline T emu_exchange(T v, int src, bool keep_own) {
@@ -74,6 +87,7 @@ void emu_launch(EmuDim grid, unsigned block, K kernel, A... args) {
     th.emplace_back([&, t] {
       threadIdx = EmuDim{t, 0, 0};
       emu_warp = warps[t / 32].get();
+      emu_block = &block_bar;
       for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
           blockIdx = EmuDim{bx, by, 0};
