@@ -126,7 +126,10 @@ def test_nvrtc_compiles_when_present(monkeypatch, tmp_path):
     paths = cuda_build.build(90, prefer="nvrtc")
     assert set(paths) == set(cuda_build.MODULES)
     assert all(p.read_bytes()[:4] == b"\x7fELF" for p in paths.values())
-    assert b"wq_gemv_gate_up" in paths["resplit_wq"].read_bytes()
+    from rapidmoe.engine.gpu.kernels import _SIGS
+
+    for name, (mod, _) in _SIGS.items():
+        assert name.encode() in paths[mod].read_bytes()
 
 
 # ---------------------------------------------------------------- whole kernels, emulated on the CPU
@@ -203,19 +206,101 @@ def test_gpu_kernel_wrappers_emulated(emulated_gpu):
         assert _rel(y, y_ref.numpy()) < 1e-3
 
 
-@pytest.mark.parametrize("qtype", sorted(GGML), ids=lambda t: GGML[t][0])
-def test_gguf_kernels_emulated(emulated_gpu, qtype):
-    _, blk, nbytes, f16_at = GGML[qtype]
-    rng = np.random.default_rng(qtype + 100)
-    R, n = 20, 512
-    raw = rng.integers(0, 256, (R, n // blk, nbytes), dtype=np.uint8)
+def _rand_ggml(rng, qtype: int, R: int, nblk: int) -> np.ndarray:
+    """[R, nblk * bytes] random blocks of a GGUF type with finite, varied f16 scales."""
+    _, _, nbytes, f16_at = GGML[qtype]
+    raw = rng.integers(0, 256, (R, nblk, nbytes), dtype=np.uint8)
     for o in f16_at:
-        raw[..., o:o + 2] = (rng.random((R, n // blk)) * 1e-3).astype(np.float16).view(np.uint8).reshape(R, n // blk, 2)
-    raw = torch.from_numpy(raw.reshape(R, -1))
-    ref = kernels.ggml_dequantize(raw.numpy(), qtype, R * n).reshape(R, n)
-    x = torch.from_numpy(rng.standard_normal((3, n)).astype(np.float32))
-    assert _rel(emulated_gpu.ggml_gemv(raw, qtype, n, x), x.double().numpy() @ ref.T) < 1e-5
-    assert torch.equal(emulated_gpu.ggml_dequant_bf16(raw, qtype, n), _bf16(ref))
+        raw[..., o:o + 2] = (rng.random((R, nblk)) * 1e-3 + 1e-4).astype(np.float16).view(np.uint8).reshape(R, nblk, 2)
+    return raw.reshape(R, -1)
+
+
+def _quant_x_ref(x: np.ndarray):
+    """ggml_quant_x in numpy, float32 as on the device: (q int8 [T, n], dx float32 [T, n/32])."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(x.shape), (amax / np.float32(127)).astype(np.float32)
+
+
+def test_ggml_quant_x_emulated(emulated_gpu):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 96)) * np.array([1.0, 1e-3, 50.0])[:, None]).astype(np.float32)
+    x[1, 32:64] = 0.0  # an all-zero block: dx = 0, q = 0
+    XQ, XS = emulated_gpu.ggml_quant_x(torch.from_numpy(x))
+    q, dx = _quant_x_ref(x)
+    np.testing.assert_array_equal(XQ.numpy().view(np.int8), q)
+    np.testing.assert_array_equal(XS[..., 0].numpy(), np.repeat(dx, 2, axis=1))
+    s16 = q.reshape(3, -1, 16).astype(np.int32).sum(-1).astype(np.float32)
+    np.testing.assert_array_equal(XS[..., 1].numpy(), np.repeat(dx, 2, axis=1) * s16)
+
+
+# (R, K-quant blocks per row, T, threads per row): one block per row; rows not a
+# multiple of a CTA's (256 / tpr); 8..256 threads per row, reducing by shuffles
+# only or also through shared memory (items reaching 2, 3, 8 warps); threads
+# looping over a row; T = 1..8 (every entry point's token capacity) and 11 (two
+# launches); None: the wrapper's own choice. Q8_0 rows take 4b + 1 blocks (one
+# when b = 1): as many 16-byte items, on every 2-byte alignment.
+GG_CASES = [(5, 1, 1, 8), (37, 3, 2, 16), (9, 5, 8, 64), (3, 40, 5, 256), (19, 1, 3, 32), (6, 5, 11, None),
+            (40, 2, 4, 8), (4, 9, 6, 128), (11, 12, 7, 8)]
+
+
+@pytest.mark.parametrize("qtype", sorted(GGML), ids=lambda t: GGML[t][0])
+def test_ggml_gemv_emulated(emulated_gpu, qtype):
+    """ggml_gemv against float64 numpy on the engine's own dequantizer, two ways.
+    1. The kernel's arithmetic: against W . x^ with x^ = dx * q, the int8 activations
+       the kernel itself uses, within float rounding (1e-6 of |W| . |x^|; measured
+       3e-8 at most).
+    2. The int8 activations' error, honestly bounded: |y - W . x| <= sum over
+       32-blocks of dx/2 * sum |w| (each x is off by at most half a step), and the
+       relative error over all outputs below 1e-2 (measured: 4e-3..6e-3 per type,
+       no output past 0.3 of its bound; the kind of error llama.cpp accepts for
+       its q8_1 activations).
+    Odd block counts put Q8_0 and Q6_K rows on every 2-byte alignment."""
+    _, blk, nbytes, _ = GGML[qtype]
+    rng = np.random.default_rng(qtype + 100)
+    errs = []
+    for R, nblk, T, tpr in GG_CASES:
+        nblk = 4 * nblk + 1 if qtype == 8 and nblk > 1 else nblk
+        n = blk * nblk
+        raw = _rand_ggml(rng, qtype, R, nblk)
+        W = kernels.ggml_dequantize(raw, qtype, R * n).reshape(R, n).astype(np.float64)
+        x = (rng.standard_normal((T, n)) * rng.choice([0.1, 1.0, 30.0], (T, 1))).astype(np.float32)
+        y = emulated_gpu.ggml_gemv(torch.from_numpy(raw), qtype, n, torch.from_numpy(x), tpr=tpr).numpy()
+        assert y.shape == (T, R)
+        q, dx = _quant_x_ref(x)
+        xh = (q.reshape(T, -1, 32) * dx[..., None].astype(np.float64)).reshape(T, n)
+        case = f"R={R} n={n} T={T} tpr={tpr}"
+        exact = xh @ W.T
+        assert np.all(np.abs(y - exact) <= 1e-6 * (np.abs(xh) @ np.abs(W).T) + 1e-30), case
+        ref = x.astype(np.float64) @ W.T
+        absw = np.abs(W).reshape(R, -1, 32).sum(-1)  # [R, n/32]
+        bound = (dx.astype(np.float64) / 2) @ absw.T + 1e-5 * (np.abs(x) @ np.abs(W).T)
+        assert np.all(np.abs(y - ref) <= 1.01 * bound), (case, float((np.abs(y - ref) / bound).max()))
+        errs.append((np.sum((y - ref) ** 2), np.sum(ref ** 2)))
+        assert _rel(y, ref) < 3e-2, case  # few outputs: the relative error scatters
+    d2, r2 = np.sum(errs, axis=0)
+    print(f"{GGML[qtype][0]}: relative error {np.sqrt(d2 / r2):.1e} over all cases")
+    assert np.sqrt(d2 / r2) < 1e-2
+
+
+def test_ggml_gemv_rejects_what_it_cannot_read(emulated_gpu):
+    raw = torch.zeros(4 * 144 + 2, dtype=torch.uint8)[2:].view(4, 144)  # Q4_K rows starting 2 bytes in
+    with pytest.raises(ValueError, match="16-byte"):
+        emulated_gpu.ggml_gemv(raw, 12, 256, torch.zeros(1, 256))
+    with pytest.raises(ValueError, match="disagree"):
+        emulated_gpu.ggml_gemv(torch.zeros(4, 144, dtype=torch.uint8), 12, 512, torch.zeros(1, 512))
+
+
+@pytest.mark.parametrize("qtype", sorted(GGML), ids=lambda t: GGML[t][0])
+def test_ggml_dequant_bf16_emulated(emulated_gpu, qtype):
+    _, blk, _, _ = GGML[qtype]
+    R, n = 20, 512
+    raw = _rand_ggml(np.random.default_rng(qtype + 200), qtype, R, n // blk)
+    ref = kernels.ggml_dequantize(raw, qtype, R * n).reshape(R, n)
+    assert torch.equal(emulated_gpu.ggml_dequant_bf16(torch.from_numpy(raw), qtype, n), _bf16(ref))
 
 
 def test_gpu_gguf_weights_emulated(emulated_gpu):
@@ -229,7 +314,7 @@ def test_gpu_gguf_weights_emulated(emulated_gpu):
         raw[..., o:o + 2] = (rng.random((R, n // 256)) * 1e-3).astype(np.float16).view(np.uint8).reshape(R, -1, 2)
     w = GpuQWeight(raw.reshape(R, -1), 12, (R, n), device="cpu")
     ref = torch.from_numpy(kernels.ggml_dequantize(raw, 12, R * n).reshape(R, n)).double()
-    for T, bound in ((3, 1e-5), (8, 1e-5), (12, 1e-2)):
+    for T, bound in ((3, 1e-2), (8, 1e-2), (12, 1e-2)):  # int8 x in the GEMV, bf16 in the GEMM
         x = torch.randn(T, n, generator=torch.Generator().manual_seed(T))
         y = gpu_linear(x, w)  # GEMV up to DECODE_MAX_TOKENS (8) a launch, bf16 GEMM from 12
         assert _rel(y, (x.double() @ ref.T).numpy()) < bound

@@ -34,6 +34,19 @@ RMOE_HD void k4_scale_min(const u8* s, int b, int* sc, int* mn) {
   }
 }
 
+// k4_scale_min for chunks c and c + 1 (c even) at once, from the 12 scale bytes
+// as little-endian words s0 (bytes 0..3), s1, s2: the four chunks of a half
+// decode with a few word operations.
+RMOE_HD void k4_scale_min_pair(u32 s0, u32 s1, u32 s2, int c, int* sc0, int* mn0, int* sc1, int* mn1) {
+  const u32 sc = c < 4 ? s0 & 0x3f3f3f3fu : (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+  const u32 mn = c < 4 ? s1 & 0x3f3f3f3fu : ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+  const int sh = 8 * (c & 3);
+  *sc0 = (int)((sc >> sh) & 0xffu);
+  *sc1 = (int)((sc >> (sh + 8)) & 0xffu);
+  *mn0 = (int)((mn >> sh) & 0xffu);
+  *mn1 = (int)((mn >> (sh + 8)) & 0xffu);
+}
+
 // Chunk c of the block at blk -> out[32].
 RMOE_HD void ggml_chunk(int t, const u8* blk, int c, float* out) {
   if (t == T_Q8_0) {

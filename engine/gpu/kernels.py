@@ -21,10 +21,15 @@ _SIGS = {
     "wq_gemv_r2": ("resplit_wq", "plippppiipp"),
     "wq_gemv_r8": ("resplit_wq", "plippppiipp"),
     "wq_dequant_bf16": ("resplit_wq", "plipiip"),
-    "ggml_gemv": ("ggml_gemv", "ipiiipip"),
+    "ggml_quant_x": ("ggml_gemv", "pipp"),
     "ggml_dequant_bf16": ("ggml_gemv", "ipiiip"),
 }
-GG_TMAX = 8  # tokens per ggml_gemv launch (csrc/cuda/ggml_gemv.cu)
+# GGUF-type GEMV (csrc/cuda/ggml_gemv.cu): one entry point per format and token
+# capacity, ggml_gemv_<format>_t<NT> (W, rb, n, R, XQ, XS, T, y, tpr)
+GG_FORMATS = {8: "q8_0", 12: "q4_k", 13: "q5_k", 14: "q6_k"}
+GG_NT = (1, 2, 4, 8)
+GG_TMAX = GG_NT[-1]  # tokens per launch
+_SIGS.update({f"ggml_gemv_{f}_t{nt}": ("ggml_gemv", "piiippipi") for f in GG_FORMATS.values() for nt in GG_NT})
 # rows per warp of each W_Q GEMV entry point (resplit_wq.cu); 8 warps per CTA
 GU_VARIANTS = {2: "wq_gemv_gate_up", 1: "wq_gemv_gate_up_r1", 4: "wq_gemv_gate_up_r4"}
 DN_VARIANTS = {4: "wq_gemv", 2: "wq_gemv_r2", 8: "wq_gemv_r8"}
@@ -160,17 +165,60 @@ def ggml_supported(qtype: int) -> bool:
     return int(qtype) in GGML_TYPES
 
 
-def ggml_gemv(w: torch.Tensor, qtype: int, n: int, x: torch.Tensor) -> torch.Tensor:
-    """w [R, rb] uint8 in GGUF type qtype (Q8_0/Q4_K/Q5_K/Q6_K); x [T, n] float32 -> y [T, R]."""
+def ggml_quant_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, n] float32 -> (XQ [T, n] int8 as uint8, XS [T, n/16, 2] float32): per 32
+    elements q = rint(x / dx), dx = amax / 127; XS holds {dx, dx * sum of 16 q}."""
+    _check(x, torch.float32, "ggml_quant_x x")
+    T, n = x.shape
+    if n % 32:
+        raise ValueError(f"ggml_quant_x: n = {n} is not a multiple of 32")
+    if x.data_ptr() % 16:
+        x = x.clone()  # rows read 16 bytes at a time
+    XQ = torch.empty(T, n, dtype=torch.uint8, device=x.device)
+    XS = torch.empty(T, n // 16, 2, dtype=torch.float32, device=x.device)
+    _launch("ggml_quant_x", x.device, (-(-(n // 4) // 256), T), x.data_ptr(), n, XQ.data_ptr(), XS.data_ptr())
+    return XQ, XS
+
+
+def ggml_tpr(qtype: int, n: int, R: int) -> int:
+    """Threads per row for ggml_gemv: enough items per thread to keep two loads in
+    flight, more threads per row when the rows are too few to fill the GPU."""
+    blk, _ = GGML_TYPES[int(qtype)]
+    items = n // blk * (2 if int(qtype) == 8 else 8)  # 16-byte work items per row
+    tpr = 8
+    while tpr < 256 and 4 * tpr <= items:
+        tpr *= 2
+    while tpr < 256 and 2 * tpr <= items and -(-R * tpr // 256) < 264:  # fewer than ~2 CTAs per SM
+        tpr *= 2
+    return tpr
+
+
+def ggml_gemv(w: torch.Tensor, qtype: int, n: int, x: torch.Tensor, tpr: int | None = None) -> torch.Tensor:
+    """w [R, rb] uint8 in GGUF type qtype (Q8_0/Q4_K/Q5_K/Q6_K); x [T, n] float32 -> y [T, R].
+    x is quantized to int8 per 32 elements first (ggml_quant_x), once for all rows.
+    tpr: threads per row (a power of two, 8..256; default ggml_tpr)."""
     _check(w, torch.uint8, "ggml_gemv w")
     _check(x, torch.float32, "ggml_gemv x")
+    qtype = int(qtype)
     R, rb = w.shape
+    blk, bb = GGML_TYPES[qtype]
+    if n % blk or rb != n // blk * bb or x.shape[-1] != n:
+        raise ValueError(f"ggml_gemv: w [{R}, {rb}] of type {qtype} and x {tuple(x.shape)} disagree on n = {n}")
+    if w.data_ptr() % 16:
+        raise ValueError("ggml_gemv: w must start on a 16-byte boundary (the kernel reads it 16 bytes at a time)")
+    tpr = tpr or ggml_tpr(qtype, n, R)
+    if tpr not in (8, 16, 32, 64, 128, 256):
+        raise ValueError(f"ggml_gemv: tpr = {tpr} is not a power of two in 8..256")
     T = x.shape[0]
     y = torch.empty(T, R, dtype=torch.float32, device=w.device)
+    if T == 0 or R == 0:
+        return y
+    XQ, XS = ggml_quant_x(x)
     for t0 in range(0, T, GG_TMAX):
         t1 = min(T, t0 + GG_TMAX)
-        _launch("ggml_gemv", w.device, (-(-R // 8),), int(qtype), w.data_ptr(), rb, n, R,
-                x[t0:t1].data_ptr(), t1 - t0, y[t0:t1].data_ptr())
+        nt = next(c for c in GG_NT if c >= t1 - t0)
+        _launch(f"ggml_gemv_{GG_FORMATS[qtype]}_t{nt}", w.device, (-(-R // (256 // tpr)),), w.data_ptr(), rb, n, R,
+                XQ[t0].data_ptr(), XS[t0].data_ptr(), t1 - t0, y[t0].data_ptr(), tpr)
     return y
 
 

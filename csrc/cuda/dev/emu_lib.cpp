@@ -16,6 +16,21 @@ typedef void (*GateUpFn)(const u8*, const u8*, i64, int, const int*, const int*,
 typedef void (*GemvFn)(const u8*, i64, int, const int*, const int*, const uint4*, const float2*, int, int, const float*,
                        float*);
 
+typedef void (*GgmlGemvFn)(const u8*, int, int, int, const u8*, const float2*, int, float*, int);
+#define GG_EMU_ROW(fmt, F)                                                                        \
+  {"ggml_gemv_" #fmt "_t1", ggml_gemv_##fmt##_t1}, {"ggml_gemv_" #fmt "_t2", ggml_gemv_##fmt##_t2}, \
+      {"ggml_gemv_" #fmt "_t4", ggml_gemv_##fmt##_t4}, {"ggml_gemv_" #fmt "_t8", ggml_gemv_##fmt##_t8},
+static const struct {
+  const char* name;
+  GgmlGemvFn fn;
+} ggml_gemvs[] = {GG_FORMATS(GG_EMU_ROW)};
+
+static GgmlGemvFn ggml_gemv_named(const std::string& n) {
+  for (const auto& e : ggml_gemvs)
+    if (n == e.name) return e.fn;
+  return nullptr;
+}
+
 extern "C" int emu_call(const char* name, unsigned gx, unsigned gy, unsigned block, void** a) {
   const std::string n(name);
   const EmuDim g{gx, gy, 1};
@@ -36,14 +51,16 @@ extern "C" int emu_call(const char* name, unsigned gx, unsigned gy, unsigned blo
   } else if (n == "wq_dequant_bf16") {
     emu_launch(g, block, wq_dequant_bf16, arg<const u8*>(a, 0), arg<i64>(a, 1), arg<int>(a, 2), arg<const int*>(a, 3),
                arg<int>(a, 4), arg<int>(a, 5), arg<u16*>(a, 6));
-  } else if (n == "ggml_gemv") {
-    emu_launch(g, block, ggml_gemv, arg<int>(a, 0), arg<const u8*>(a, 1), arg<int>(a, 2), arg<int>(a, 3),
-               arg<int>(a, 4), arg<const float*>(a, 5), arg<int>(a, 6), arg<float*>(a, 7));
+  } else if (n == "ggml_quant_x") {
+    emu_launch(g, block, ggml_quant_x, arg<const float*>(a, 0), arg<int>(a, 1), arg<u32*>(a, 2), arg<float2*>(a, 3));
+  } else if (GgmlGemvFn gg = ggml_gemv_named(n)) {
+    emu_launch(g, block, gg, arg<const u8*>(a, 0), arg<int>(a, 1), arg<int>(a, 2), arg<int>(a, 3),
+               arg<const u8*>(a, 4), arg<const float2*>(a, 5), arg<int>(a, 6), arg<float*>(a, 7), arg<int>(a, 8));
   } else if (n == "ggml_dequant_bf16") {
     emu_launch(g, block, ggml_dequant_bf16, arg<int>(a, 0), arg<const u8*>(a, 1), arg<int>(a, 2), arg<int>(a, 3),
                arg<int>(a, 4), arg<u16*>(a, 5));
   } else {
     return 1;
   }
-  return 0;
+  return emu_fault.exchange(false) ? 2 : 0;
 }
