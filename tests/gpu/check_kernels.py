@@ -190,13 +190,16 @@ GGML_NAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 def _ggml_GBs(qtype: int, R: int, n: int, T: int = 1, tpr: int | None = None) -> float:
     """Weight bytes read per second by ggml_gemv (x quantization included), over
-    copies of W rotated so that no call finds its weights in L2 (>= 256 MB in all)."""
+    copies of W rotated so that no call finds its weights in L2: 256 MB of copies,
+    or for small W 24 calls' worth (> 100 MB for the shapes here) between two
+    uses of one copy."""
     gen = torch.Generator(device="cuda").manual_seed(9)
+
     def make():
         return random_q8_0(R, n, gen, "cuda") if qtype == 8 else _random_kquant(qtype, R, n, gen, "cuda")
 
     w0 = make()
-    ws = [w0] + [make() for _ in range(min(7, -(-(256 << 20) // w0.numel()) - 1))]
+    ws = [w0] + [make() for _ in range(min(63, -(-(256 << 20) // w0.numel()) - 1))]
     x = torch.randn(T, n, device="cuda", generator=gen)
     ms = _graph_ms(lambda i: gk.ggml_gemv(ws[i % len(ws)], qtype, n, x, tpr=tpr), 24)
     return w0.numel() / ms / 1e6
