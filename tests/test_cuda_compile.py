@@ -154,18 +154,11 @@ def _rel(a, b) -> float:
 @pytest.fixture(scope="module")
 def emulated_gpu(tmp_path_factory):
     """engine/gpu/kernels.py with its launches going to the emulation library."""
+    from emulator import build_emulator
+
     from rapidmoe.engine.gpu import kernels as gk
 
-    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    lib = tmp_path_factory.mktemp("emulib") / "libemu.so"
-    r = subprocess.run([cxx, "-O1", "-std=c++20", "-pthread", "-shared", "-fPIC", "-o", str(lib),
-                        str(SRC / "dev" / "emu_lib.cpp")], capture_output=True, text=True)
-    if r.returncode != 0 and "barrier" in r.stderr:
-        pytest.skip("C++ compiler without <barrier>")
-    assert r.returncode == 0, r.stderr[-2000:]
-    gk.use_emulator(str(lib))
+    gk.use_emulator(str(build_emulator(tmp_path_factory.mktemp("emulib"))))
     yield gk
     gk.use_emulator(None)
 

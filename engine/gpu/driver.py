@@ -91,5 +91,8 @@ class EmulatedKernel:
         g = tuple(grid) + (1,) * (3 - len(grid))
         if min(g) <= 0:
             return
-        if self.lib.emu_call(self.name.encode(), g[0], g[1], block, ptrs) != 0:
+        rc = self.lib.emu_call(self.name.encode(), g[0], g[1], block, ptrs)
+        if rc == 1:
             raise RuntimeError(f"emulator has no kernel {self.name}")
+        if rc != 0:  # the emulator printed the fault (a misaligned vector load)
+            raise RuntimeError(f"{self.name} faulted on the emulator")
