@@ -124,6 +124,9 @@ def _run_one(args) -> int:
 
 
 def _table(rows: list[dict]) -> None:
+    """MB/token is traffic (decimal, so that t/s x MB/token / 1000 is the GB/s column); peak RSS is memory."""
+    from ..engine.units import fmt_bytes
+
     head = (f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>6} {'t/s':>9} {'mean r':>6} {'MB/token':>9} {'GB/s':>6} "
             f"{'of BW':>6} {'peak RSS':>9}")
     print(head)
@@ -137,7 +140,7 @@ def _table(rows: list[dict]) -> None:
         frac = (f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] and r["read_bandwidth_gbs"]
                 else f"{'—':>6}")
         print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
-              f"{frac} {r['peak_rss_bytes'] / 2**30:8.2f}G")
+              f"{frac} {fmt_bytes(r['peak_rss_bytes']):>9}")
     for where in dict.fromkeys(r.get("placement") for r in rows if r.get("placement")):
         print(f"placement: {where}")
     for r in rows:

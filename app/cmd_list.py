@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..engine.paths import cache_dir
+from ..engine.units import fmt_bytes
+
+fmt_size = fmt_bytes  # the name `rm` imports
 
 PACK_SOURCE_KEY = "rapidmoe.pack.source_path"  # absolute path of the source GGUF, when recorded
 
@@ -26,6 +29,7 @@ class Entry:
     path: str
     note: str = ""
     stale: bool = False
+    shared_with: str = ""  # another entry whose file(s) these are: counted once in totals
 
 
 def packs_dir() -> Path:
@@ -123,18 +127,37 @@ def list_models() -> list[Entry]:
         from ..engine.hub import list_cached
     except ImportError:
         list_cached = None
-    for m in list_cached() if list_cached else []:
-        note = "" if m.complete else f"incomplete: {len(m.missing)} split part(s) missing"
-        out.append(Entry("hf", m.spec, m.size, str(m.files[0]) if m.files else "", note))
+    cached = list_cached() if list_cached else []
+    owner: dict[tuple, str] = {}  # blob (device, inode) -> the first model listed with it
+    for m in cached:
+        notes = [] if m.complete else [f"incomplete: {len(m.missing)} split part(s) missing"]
+        label = m.spec
+        if sum(c.spec == m.spec for c in cached) > 1:  # the same quant at several revisions
+            notes.append(f"revision {m.revision[:8]}")
+            label += f" ({notes[-1]})"
+        blobs = [_blob_id(f) for f in m.files]
+        shared = {owner.get(b) for b in blobs}
+        shared_with = shared.pop() if len(shared) == 1 and None not in shared else ""
+        if shared_with:
+            notes.append(f"same file as {shared_with}")
+        for b in blobs:
+            owner.setdefault(b, label)
+        out.append(Entry("hf", m.spec, m.size, str(m.files[0]) if m.files else "", "; ".join(notes),
+                         shared_with=shared_with))
     return out
 
 
-def fmt_size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+def _blob_id(p: Path) -> tuple:
+    try:
+        st = p.stat()  # follows the snapshot's symlink to its blob
+    except OSError:  # gone since the scan: its own entry
+        return ("unreadable", str(p))
+    return st.st_dev, st.st_ino
+
+
+def total_bytes(entries: list[Entry]) -> int:
+    """Bytes on disk: a blob listed under two names counts once."""
+    return sum(e.size for e in entries if not e.shared_with)
 
 
 def add_arguments(p) -> None:
@@ -153,13 +176,13 @@ def run(args) -> int:
         rows = [e for e in entries if e.kind in kinds]
         print(f"{section}:" if rows else f"{section}: none")
         for e in rows:
-            size = fmt_size(e.size) if e.size else "—"
+            size = fmt_bytes(e.size) if e.size else "—"
             flag = "  STALE" if e.stale else ""
             print(f"  {e.name.ljust(width)}  {size:>10}  {e.note}{flag}")
             if args.paths:
                 print(f"  {'':{width}}  {'':>10}  {e.path}")
-    total = sum(e.size for e in entries)
+    total = total_bytes(entries)
     stale = [e for e in entries if e.stale]
-    print(f"total {fmt_size(total)}" + (f"; {len(stale)} stale pack(s), {fmt_size(sum(e.size for e in stale))}"
+    print(f"total {fmt_bytes(total)}" + (f"; {len(stale)} stale pack(s), {fmt_bytes(sum(e.size for e in stale))}"
                                         f": rapidmoe-chat rm --stale" if stale else ""))
     return 0

@@ -122,9 +122,9 @@ def make_plan(args):
 
 
 def _bytes(n: int) -> str:
-    from ..engine.plan import gb
+    from ..engine.units import fmt_bytes
 
-    return gb(n)
+    return fmt_bytes(n)
 
 
 def print_plan(p, sizes, disk_note: str = "", out=None) -> None:

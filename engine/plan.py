@@ -23,6 +23,7 @@ import numpy as np
 from .errors import UserError
 from .hardware import GiB, HardwareRecord
 from .plan_sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_workspace_bytes
+from .units import fmt_bytes
 
 CUDA_CONTEXT_BYTES = GiB // 2
 MIN_CTX = 256
@@ -72,7 +73,7 @@ class Plan:
         return sum(c.bytes for c in self.components if c.device != "cpu")
 
     def describe(self, standin: bool = False) -> str:
-        """One line of where things run, e.g. 'GPU 0: attention + KV + W_Q 83% (121 GB) ·
+        """One line of where things run, e.g. 'GPU 0: attention + KV + W_Q 83% (121 GiB) ·
         CPU: residuals + W_Q 17%'."""
         if self.mode == "cpu":
             return "CPU-centric: attention + KV + all experts on the CPU"
@@ -80,7 +81,7 @@ class Plan:
         wq = sum(c.bytes for c in self.components if c.device != "cpu" and c.name.startswith("W_Q cache"))
         frac = self.wq_cache_fraction
         cpu = "residuals" + (f" + W_Q {1 - frac:.0%}" if self.mode == "gpu-partial" else "")
-        return f"{gpu}: attention + KV + W_Q {frac:.0%} ({gb(wq)}) · CPU: {cpu}"
+        return f"{gpu}: attention + KV + W_Q {frac:.0%} ({fmt_bytes(wq)}) · CPU: {cpu}"
 
     def over_budget(self) -> list[str]:
         """Devices whose bytes exceed their budget, as 'device: need X of Y'."""
@@ -89,7 +90,7 @@ class Plan:
             need = self.bytes_on(dev)
             if dev == "cpu" or need:
                 if need > cap:
-                    out.append(f"{'DRAM' if dev == 'cpu' else dev}: needs {gb(need)}, budget {gb(cap)}")
+                    out.append(f"{'DRAM' if dev == 'cpu' else dev}: needs {fmt_bytes(need)}, budget {fmt_bytes(cap)}")
         return out
 
     def to_json(self) -> dict:
@@ -111,10 +112,6 @@ class Plan:
         }
 
 
-def gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
 def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[list[tuple[int, int]], str]:
     slots = [(il, e) for il in s.expert_layers for e in range(s.n_expert)]
     if not freqs:
@@ -125,7 +122,7 @@ def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[
 
 
 def _cpu_plan(s: ModelSizes, ctx: int, chunk: int) -> list[Component]:
-    types = ", ".join(f"{t} {gb(b)}" for t, b in s.nonexpert_types)
+    types = ", ".join(f"{t} {fmt_bytes(b)}" for t, b in s.nonexpert_types)
     n = s.n_moe_layers * s.n_expert
     comps = [
         Component(f"non-expert weights, mmapped ({types})", s.nonexpert_bytes, "cpu"),
@@ -198,7 +195,7 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
         if c:
             comps.append(Component(f"W_Q cache: {c} experts of layers {a}-{b}", c * s.wq_bytes, dev))
     comps.append(Component("output head" + (" (tied: the embedding table)" if s.tied_head else ""), head, gpus[-1]))
-    types = ", ".join(f"{t} {gb(b)}" for t, b in s.nonexpert_types)
+    types = ", ".join(f"{t} {fmt_bytes(b)}" for t, b in s.nonexpert_types)
     n_all = len(order)
     host = [
         Component("token embedding table (row lookups, mmapped)", s.embd_bytes, "cpu"),
@@ -302,9 +299,9 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         p = gpu(n_req)
         if p is None:
             need = sum(s.layer_bytes) + ctx * s.kv_bytes_per_token_f16 + s.head_bytes
-            why = (f"too little VRAM: the non-expert weights and KV cache need {gb(need)} plus "
-                   f"{gb(CUDA_CONTEXT_BYTES)} CUDA context and activation buffers per GPU; "
-                   f"budget {gb(sum(budgets))}")
+            why = (f"too little VRAM: the non-expert weights and KV cache need {fmt_bytes(need)} plus "
+                   f"{fmt_bytes(CUDA_CONTEXT_BYTES)} CUDA context and activation buffers per GPU; "
+                   f"budget {fmt_bytes(sum(budgets))}")
             p = cpu(why)
             if mode is not None:
                 p = replace(p, fits=False, reason=f"{mode} requested, but {why}; CPU mode instead")
@@ -358,11 +355,11 @@ def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, 
         q = fn()
         if q is not None:
             text = f"{what}: mode {q.mode}, --ctx {q.ctx}, " + (
-                f"DRAM {gb(q.dram_bytes)}" if q.mode == "cpu" else
-                f"W_Q cache {q.wq_cache_fraction:.0%} (VRAM {gb(q.vram_bytes)}, DRAM {gb(q.dram_bytes)})")
+                f"DRAM {fmt_bytes(q.dram_bytes)}" if q.mode == "cpu" else
+                f"W_Q cache {q.wq_cache_fraction:.0%} (VRAM {fmt_bytes(q.vram_bytes)}, DRAM {fmt_bytes(q.dram_bytes)})")
             return replace(p, suggestion=text, suggested={"mode": q.mode, "ctx": q.ctx,
                                                           "wq_cache_fraction": round(q.wq_cache_fraction, 6),
                                                           "vram_bytes": q.vram_bytes, "dram_bytes": q.dram_bytes})
     small = plan(s, hw, min(MIN_CTX, ctx), mode="cpu", **{**kw, "gpus": gpus})
-    return replace(p, suggestion=f"nothing fits: even the CPU mode at --ctx {small.ctx} needs {gb(small.dram_bytes)} "
-                                 f"of DRAM (budget {gb(small.dram_budget)})")
+    return replace(p, suggestion=f"nothing fits: even the CPU mode at --ctx {small.ctx} needs "
+                                 f"{fmt_bytes(small.dram_bytes)} of DRAM (budget {fmt_bytes(small.dram_budget)})")

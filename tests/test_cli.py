@@ -1,4 +1,5 @@
-"""The CLI doors: -p (plain, --json, stdin), eval (perplexity, saved logits, KL)."""
+"""The CLI doors: -p (plain, --json, stdin; the settings it reads), eval (perplexity,
+saved logits, KL), bad input as one line, and the units sizes are printed in."""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,17 @@ import pytest
 from rapidmoe.engine.synth import write_synthetic
 
 
-def cli(*args, input=None, cwd=None):
+def cli(*args, input=None, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", *args], capture_output=True, text=True,
-                          input=input, cwd=cwd, timeout=300, env=dict(os.environ))
+                          input=input, cwd=cwd, timeout=300, env={**os.environ, **(env or {})})
+
+
+def one_line_error(r) -> str:
+    """r exited 2 with a single `rapidmoe-chat: error: ...` line on stderr -> that line."""
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rapidmoe-chat: error: "), r.stderr
+    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +150,26 @@ def test_version_is_the_installed_distributions():
     r = cli("--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"rapidmoe-chat {expected}\n"
+
+
+def test_sizes_are_binary_units_everywhere(tmp_path, capsys):
+    """Memory and file sizes in KiB/MiB/GiB (one helper), bandwidth in GB/s."""
+    from rapidmoe.app.cmd_bench import _table
+    from rapidmoe.app.cmd_plan import pack_disk_note
+    from rapidmoe.app.tui import status_bar
+    from rapidmoe.engine.units import fmt_bytes
+
+    assert [fmt_bytes(n) for n in (0, 1023, 1024, 12_600_000, 5 * 2**30 + 2**28, 121 * 2**30, 2**50)] == [
+        "0 B", "1023 B", "1.00 KiB", "12.0 MiB", "5.25 GiB", "121 GiB", "1024 TiB"]
+    assert status_bar.fmt_bytes is fmt_bytes
+    row = {"model": "m", "precision": "split", "policy": "fixed", "critical": 2, "threads": 2, "test": "tg8",
+           "tokens_per_s": 10.0, "mean_r": 2.0, "bytes_per_token": 5_000_000, "achieved_gbs": 0.05,
+           "read_bandwidth_gbs": 10.0, "peak_rss_bytes": 3 * 2**30 // 2, "placement": "CPU"}
+    _table([row])
+    out = capsys.readouterr().out
+    assert "1.50 GiB" in out and "GB/s" in out and "10.00 GB/s" in out
+
+    class Sizes:
+        nonexpert_bytes, n_moe_layers, n_expert, expert_bytes = 2**20, 2, 4, 2**20
+
+    assert pack_disk_note(Sizes, 0, False).startswith("the residual-split pack (9.00 MiB) is written")

@@ -123,3 +123,25 @@ def test_list_and_rm(dirs, capsys):
     assert "no such model or pack" in capsys.readouterr().err
     assert main(["rm", "--stale"]) == 0
     assert "no stale packs" in capsys.readouterr().out
+
+
+def test_list_counts_a_shared_blob_once(dirs, capsys):
+    """Two snapshots of a repo whose file did not change point at one blob: listed under
+    both revisions, counted once in the total."""
+    data = gguf_bytes(dirs, 3000)
+    old = hf_file(dirs, "org/Same-GGUF", "same-Q4_K_M.gguf", data, commit="a" * 40)
+    new = hf_file(dirs, "org/Same-GGUF", "same-Q4_K_M.gguf", data, commit="b" * 40)
+    assert old.resolve() == new.resolve()
+    other = hf_file(dirs, "org/Other-GGUF", "other-Q8_0.gguf", gguf_bytes(dirs, 500))
+    assert main(["list", "--json"]) == 0
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    same = [r for r in rows if r["name"] == "org/Same-GGUF:Q4_K_M"]
+    assert [r["size"] for r in same] == [len(data)] * 2
+    assert [bool(r["shared_with"]) for r in same] == [False, True]
+    assert "same file as org/Same-GGUF:Q4_K_M (revision aaaaaaaa)" in same[1]["note"]
+    assert "revision bbbbbbbb" in same[1]["note"] and "revision aaaaaaaa" in same[0]["note"]
+    assert main(["list"]) == 0
+    total = capsys.readouterr().out.splitlines()[-1]
+    from rapidmoe.engine.units import fmt_bytes
+
+    assert total == f"total {fmt_bytes(len(data) + other.stat().st_size)}"  # the demo is not built here

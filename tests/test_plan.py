@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -233,6 +234,8 @@ def test_cli_json_schema_refusal_and_no_pack_written(v3_file, tmp_path):
 def test_cli_on_this_machine_and_bad_input(a3b_file, tmp_path):
     rc, out, err = _cli(["plan", "-m", str(a3b_file), "--ctx", "2048"])
     assert rc in (0, 2) and "KV cache" in out and "W_R" in out
+    # sizes in binary units, as `list`, `bench` and the TUI print them
+    assert " GiB" in out and " MiB" in out and not re.search(r"\d (GB|MB)\b", out + err), out
     rc, _, err = _cli(["plan", "-m", str(a3b_file), "--gpus", "7", "--hardware", str(_hw_file(tmp_path))])
     assert rc == 2 and "no GPU 7" in err
     rc, _, err = _cli(["plan", "-m", str(a3b_file), "--ctx", "999999"])

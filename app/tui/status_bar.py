@@ -10,6 +10,8 @@ import psutil
 from rich.text import Text
 from textual.widgets import Static
 
+from ...engine.units import fmt_bytes  # noqa: F401  (the one size format; model_picker imports it from here)
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -24,14 +26,6 @@ def sparkline(values, top: int | None = None, width: int = 24) -> str:
                   for i in range(width)]
     hi = max(top or 0, max(values), 1)
     return "".join(SPARK[min(len(SPARK) - 1, int(v * (len(SPARK) - 1) / hi + 0.5))] for v in values)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit in ("B", "KiB") else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 def _vram() -> str | None:
