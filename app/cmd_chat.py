@@ -134,23 +134,37 @@ def run(args) -> int:
     return run_prompt(args, prompt)
 
 
+def apply_config(args, cfg) -> None:
+    """The settings the TUI reads, for -p: a flag wins, then config.toml / RAPIDMOE_*
+    (model, ctx), then the defaults (the demo, the model's context)."""
+    if args.model is None and cfg.model:
+        args.model = cfg.model
+    if args.ctx is None and cfg.ctx:
+        args.ctx = cfg.ctx
+
+
 def run_prompt(args, prompt: str) -> int:
     from ..engine.generate import ChatSession, Session
     from ..engine.sampling import SamplingParams
+    from .config import load_config
 
-    # bad flags and a bad --chat id fail before anything is loaded or converted
-    SamplingParams().with_overrides(**sampling_overrides(args)).validate()
+    # a bad config, bad flags and a bad --chat id fail before anything is loaded or converted
+    cfg = load_config()
+    SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args)).validate()
     if args.raw and args.system:
         raise UserError("--system has no effect with --raw")
+    apply_config(args, cfg)
     stored = None if args.raw else _stored_chat(args)
     model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
-    params = SamplingParams.from_metadata(model.metadata).with_overrides(**sampling_overrides(args))
+    # the model's own defaults < config.toml [sampling] < flags, as in the TUI
+    params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
+              .with_overrides(**sampling_overrides(args)))
     cancel = threading.Event()
     if args.raw:
         sess = Session(model, params)
         events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
     else:
-        system = args.system if args.system is not None else (stored.system if stored else None)
+        system = args.system if args.system is not None else stored.system if stored else cfg.system
         chat = ChatSession(model, system=system or None, params=params)
         if stored is not None:
             chat.messages += [{"role": m.role, "content": m.content}
@@ -178,7 +192,7 @@ def run_prompt(args, prompt: str) -> int:
         return 130
     assert final is not None
     if not args.raw and not args.no_history:
-        _record(args, stored, prompt, final)
+        _record(args, stored, prompt, final, system)
     if args.json:
         out.write(json.dumps({
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
@@ -219,12 +233,12 @@ def _stored_chat(args):
     return None
 
 
-def _record(args, chat, prompt: str, final: Finished) -> None:
+def _record(args, chat, prompt: str, final: Finished, system: str | None) -> None:
     """Keep the exchange in the chat history (a new chat, or the continued one)."""
     store = _store()
     if chat is None:
         title = " ".join(prompt.split())[:60] or "New chat"
-        chat = store.create_chat(title=title, model=str(args.model or "demo"), system=args.system or "")
+        chat = store.create_chat(title=title, model=str(args.model or "demo"), system=system or "")
     store.add_message(chat.id, "user", prompt)
     store.add_message(chat.id, "assistant", final.text, stats={
         "completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),

@@ -1,5 +1,7 @@
 """Settings: assets/default_config.toml, then the user's config.toml, then the
 environment (RAPIDMOE_THEME, RAPIDMOE_MODEL, RAPIDMOE_CTX, RAPIDMOE_SYSTEM).
+The TUI and `-p` read them alike; command-line flags win over them, and they win
+over the model's own defaults (GGUF general.sampling.*).
 
 Only keys the app changes on purpose (the theme, say) are ever written back, and
 only into the user's file: values that came from the environment never leak
@@ -46,12 +48,37 @@ class Config:
     keys: dict[str, str] = field(default_factory=dict)  # action -> "key1,key2"
     path: Path | None = None  # the user's file (may not exist)
 
+    def sampling_overrides(self) -> dict[str, Any]:
+        """[sampling] as SamplingParams.with_overrides keywords (lists become tuples)."""
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in self.sampling.items()}
+
 
 def _parse(text: str, where: str) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{where}: not valid TOML ({e})") from None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def _check_sampling(where: str, key: str, value: Any) -> None:
+    """The ranges -p and the TUI enforce on flags, for a config value (one line naming the key)."""
+    if key == "stop":
+        return
+    from ..engine.sampling import SamplingParams  # torch: only when the config sets sampling keys
+
+    try:
+        SamplingParams().with_overrides(**{key: value}).validate()
+    except UserError as e:  # "--top-p must be in (0, 1]" -> "...: sampling.top_p must be in (0, 1]"
+        raise UserError(f"{where}: sampling.{key} {str(e).split(' ', 1)[1]}") from None
 
 
 def _typed(where: str, key: str, value: Any, kind: type) -> Any:
@@ -90,6 +117,7 @@ def _apply(cfg: Config, data: Mapping[str, Any], where: str) -> None:
         if k not in SAMPLING_KEYS:
             raise UserError(f"{where}: unknown sampling key {k!r} (known: {', '.join(SAMPLING_KEYS)})")
         cfg.sampling[k] = _typed(where, f"sampling.{k}", v, SAMPLING_KEYS[k])
+        _check_sampling(where, k, cfg.sampling[k])
     for k, v in data.get("keys", {}).items():
         cfg.keys[k] = _typed(where, f"keys.{k}", v, str)
 
@@ -100,7 +128,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     cfg = Config(path=path)
     _apply(cfg, _parse(default_text(), "default_config.toml"), "default_config.toml")
     if path.is_file():
-        _apply(cfg, _parse(path.read_text("utf-8"), str(path)), str(path))
+        _apply(cfg, _parse(_read(path), str(path)), str(path))
     overrides: dict[str, dict[str, Any]] = {}
     for var, (table, key) in ENV.items():
         if var in env:
@@ -118,7 +146,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
 def update_config_file(updates: Mapping[str, Mapping[str, Any]], path: Path | None = None) -> Path:
     """Merge {table: {key: value}} into the user's config.toml (created if absent)."""
     path = path or config_path()
-    data = _parse(path.read_text("utf-8"), str(path)) if path.is_file() else {}
+    data = _parse(_read(path), str(path)) if path.is_file() else {}
     for table, kv in updates.items():
         data.setdefault(table, {}).update(kv)
     path.parent.mkdir(parents=True, exist_ok=True)

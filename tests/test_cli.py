@@ -152,6 +152,44 @@ def test_version_is_the_installed_distributions():
     assert r.stdout == f"rapidmoe-chat {expected}\n"
 
 
+def test_prompt_reads_config_toml_and_env_like_the_tui(tmp_path, fixture_model):
+    """-p: flags > config.toml / RAPIDMOE_* > the model's own defaults, as the TUI."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    env = {"RAPIDMOE_CONFIG_DIR": str(conf)}
+    run = ("-p", "Hello there", "--precision", "full", "--temp", "0", "--json", "--no-history")
+    (conf / "config.toml").write_text("[sampling]\nmax_tokens = 3\n")
+    r = cli("-m", fixture_model, *run, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["completion_tokens"] == 3
+    r = cli("-m", fixture_model, *run, "--max-tokens", "2", env=env)  # the flag wins
+    assert json.loads(r.stdout)["completion_tokens"] == 2
+    # [chat] system reaches the prompt; the model comes from RAPIDMOE_MODEL when -m is not given
+    (conf / "config.toml").write_text('[sampling]\nmax_tokens = 1\n[chat]\nsystem = "You answer in rhymes."\n')
+    with_system = cli(*run, env={**env, "RAPIDMOE_MODEL": fixture_model})
+    assert with_system.returncode == 0, with_system.stderr
+    flag = cli("-m", fixture_model, *run, "--max-tokens", "1", "--system", "You answer in rhymes.")
+    plain = cli("-m", fixture_model, *run, "--max-tokens", "1")  # the template's own default system prompt
+    tokens = [json.loads(r.stdout)["prompt_tokens"] for r in (with_system, flag, plain)]
+    assert tokens[0] == tokens[1] != tokens[2]
+    # the environment is read (and checked) on the way
+    assert "no such file" in one_line_error(cli(*run, env={**env, "RAPIDMOE_MODEL": str(tmp_path / "nope.gguf")}))
+    assert "RAPIDMOE_CTX" in one_line_error(cli("-m", fixture_model, *run, env={**env, "RAPIDMOE_CTX": "big"}))
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"[sampling\nmax_tokens = 3\n", "not valid TOML"),
+    (b'[chat]\nsystem = "caf\xe9"\n', "not UTF-8"),
+    (b"[sampling]\ntop_p = 5\n", "sampling.top_p must be in (0, 1]"),
+])
+def test_bad_config_stops_prompt_with_one_line(tmp_path, content, says):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "config.toml").write_bytes(content)
+    line = one_line_error(cli("-p", "hi", "--json", env={"RAPIDMOE_CONFIG_DIR": str(conf)}))
+    assert says in line and str(conf / "config.toml") in line
+
+
 def test_sizes_are_binary_units_everywhere(tmp_path, capsys):
     """Memory and file sizes in KiB/MiB/GiB (one helper), bandwidth in GB/s."""
     from rapidmoe.app.cmd_bench import _table

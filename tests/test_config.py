@@ -35,13 +35,34 @@ def test_user_file_then_env(tmp_path):
     ("[sampling]\ntemprature = 0.5\n", "unknown sampling key 'temprature'"),
     ("[sampling]\ntop_k = true\n", "sampling.top_k must be int"),
     ("ui = 3\n", r"\[ui\] must be a table"),
+    ("[sampling]\ntop_p = 1.5\n", r"sampling.top_p must be in \(0, 1\]"),
+    ("[sampling]\nmax_tokens = 0\n", "sampling.max_tokens must be > 0"),
+    ("[sampling]\ntemperature = -1\n", "sampling.temperature must be >= 0"),
+    ('[chat]\nsystem = "caf\xe9"\n'.encode("latin-1"), "not UTF-8 text"),
 ])
 def test_bad_config_is_one_clear_line(tmp_path, text, msg):
     p = tmp_path / "config.toml"
-    p.write_text(text)
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(UserError, match=msg) as e:
         load_config(p, env={})
     assert str(p) in str(e.value) and "\n" not in str(e.value).strip()
+
+
+def test_a_bad_file_is_not_rewritten(tmp_path):
+    p = tmp_path / "config.toml"
+    p.write_bytes(b'[ui]\ntheme = "\xff"\n')
+    with pytest.raises(UserError, match="not UTF-8"):
+        update_config_file({"ui": {"theme": "nord"}}, p)
+    assert p.read_bytes() == b'[ui]\ntheme = "\xff"\n'
+
+
+def test_sampling_overrides_are_sampling_params_keywords(tmp_path):
+    from rapidmoe.engine.sampling import SamplingParams
+
+    p = tmp_path / "config.toml"
+    p.write_text('[sampling]\nmax_tokens = 3\nstop = ["END", "##"]\ntop_k = 5\n')
+    got = SamplingParams(top_k=40).with_overrides(**load_config(p, env={}).sampling_overrides())
+    assert (got.max_tokens, got.stop, got.top_k, got.temperature) == (3, ("END", "##"), 5, 0.7)
 
 
 def test_bad_env_ctx(tmp_path):
