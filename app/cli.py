@@ -29,10 +29,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad flag is bad input like any other: one line, exit 2 (not argparse's usage block)."""
+
+    def error(self, message: str):
+        cmd = self.prog.removeprefix("rapidmoe-chat").strip()
+        where = f"{cmd}: " if cmd else ""
+        raise UserError(f"{where}{message} (see `{self.prog} --help`)")
+
+
 def _subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     mod_name, help_ = SUBCOMMANDS[name]
     mod = importlib.import_module(f".{mod_name}", __package__)
-    p = argparse.ArgumentParser(prog=f"rapidmoe-chat {name}", description=help_)
+    p = Parser(prog=f"rapidmoe-chat {name}", description=help_)
     mod.add_arguments(p)
     return p, mod
 
@@ -52,13 +61,17 @@ def main(argv: list[str] | None = None) -> int:
 
     use_planned_allocator()  # freed large buffers go back to the OS: peak memory is what `plan` counts
     try:
+        if os.environ.get("RAPIDMOE_ISA"):
+            from ..engine import kernels
+
+            kernels.check_isa_override()  # a bad value: one line now, not a silent fallback later
         if argv and argv[0] in SUBCOMMANDS:
             p, mod = _subcommand_parser(argv[0])
             args = p.parse_args(argv[1:])
             return int(mod.run(args) or 0)
         from . import cmd_chat
 
-        p = argparse.ArgumentParser(
+        p = Parser(
             prog="rapidmoe-chat",
             description="Chat with large Mixture-of-Experts models. Without -p: the TUI.",
             epilog="subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()),

@@ -1,9 +1,27 @@
 """The one door to the compiled kernels. Everything else imports from here."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from . import _cpu
+from .errors import UserError
+
+# RAPIDMOE_ISA values the compiled module knows (csrc/cpu/isa.cpp); it reads the
+# variable itself and would take anything else as "no override"
+ISA_PATHS = ("scalar", "avx2-novnni", "avx2", "avx512", "avx512-novbmi", "avx512-novnni")
+
+
+def check_isa_override(env=os.environ) -> None:
+    forced = env.get("RAPIDMOE_ISA")
+    if forced and forced not in ISA_PATHS:
+        raise UserError(f"RAPIDMOE_ISA={forced!r} is not a kernel path; use one of {', '.join(ISA_PATHS)} "
+                        "(or unset it: the best path this CPU allows)")
+
+
+check_isa_override()  # before the compiled module reads it
+
+from . import _cpu  # noqa: E402
 
 
 def isa_info() -> dict:

@@ -190,6 +190,31 @@ def test_bad_config_stops_prompt_with_one_line(tmp_path, content, says):
     assert says in line and str(conf / "config.toml") in line
 
 
+def test_argparse_errors_are_one_line_for_every_command(capsys):
+    """Bad flags, bad values, missing arguments: one line and exit 2, as any bad input."""
+    from rapidmoe.app.cli import SUBCOMMANDS, main
+
+    cases = [["--no-such-flag"], ["--temp", "hot", "-p", "x"], ["--precision", "half", "-p", "x"],
+             ["--critical", "many", "-p", "x"], ["--ctx"]]
+    cases += [[name, "--no-such-flag"] for name in SUBCOMMANDS]
+    cases += [["pull"], ["eval", "--ctx", "x"], ["plan", "--mode", "gpu"]]
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rapidmoe-chat: error: "), (argv, err)
+        name = argv[0] if argv[0] in SUBCOMMANDS else ""
+        assert err[0].startswith(f"rapidmoe-chat: error: {name}: " if name else "rapidmoe-chat: error: ")
+        assert f"`rapidmoe-chat{' ' + name if name else ''} --help`" in err[0], err
+    assert main(["--ctx"]) == 2 and "usage:" not in capsys.readouterr().err
+
+
+def test_critical_above_k_is_clamped_and_said(fixture_model):
+    r = cli("-m", fixture_model, "-p", "Hello there", "--critical", "99", "--temp", "0", "--max-tokens", "2",
+            "--no-history")
+    assert r.returncode == 0, r.stderr
+    assert "--critical 99 is more than the 2 routed experts per token: using 2" in r.stderr
+
+
 def test_sizes_are_binary_units_everywhere(tmp_path, capsys):
     """Memory and file sizes in KiB/MiB/GiB (one helper), bandwidth in GB/s."""
     from rapidmoe.app.cmd_bench import _table
