@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from ..engine.errors import UserError
 from .cmd_chat import apply_threads, note
@@ -38,8 +37,8 @@ def run(args) -> int:
     apply_threads(args.threads)
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    quiet = args.json or not sys.stderr.isatty()
-    with StepProgress(enabled=not quiet) as prog:
+    # a bar on a terminal, plain lines in a log or pipe; --json keeps stderr for errors
+    with StepProgress(enabled=not args.json) as prog:
         if args.model == "bench":
             from ..engine.bench import bench_model_path
 

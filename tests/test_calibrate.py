@@ -179,3 +179,19 @@ def test_cli(tiny, tmp_path, capsys):
     fresh.write_bytes(tiny.read_bytes())
     assert main(["calibrate", "-m", str(fresh), "--show"]) == 2
     assert "no calibration" in capsys.readouterr().err
+
+
+def test_cli_progress_is_plain_lines_off_a_terminal(tiny, tmp_path, capsys):
+    """stderr to a file or pipe (capsys here): one line per step, no bar redrawn with \\r."""
+    from rapidmoe.app.cli import main
+
+    src = tmp_path / "p.gguf"
+    src.write_bytes(tiny.read_bytes())
+    assert main(["calibrate", "-m", str(src), "--tokens", "32", "--segment", "32"]) == 0
+    cap = capsys.readouterr()
+    assert "\r" not in cap.err and f"saved: {calibration_path(src)}" in cap.out
+    lines = cap.err.splitlines()
+    for step in ("convert", "load", "reference", "latency", "search 1/"):
+        assert any(ln.startswith(step) and ln.endswith(" ...") for ln in lines), (step, cap.err)
+    assert main(["calibrate", "-m", str(src), "--show", "--json"]) == 0
+    assert capsys.readouterr().err == ""  # --json: stderr only for errors
