@@ -77,61 +77,80 @@ def fetch_blob(
     size: int | None,
     sha256: str | None,
     report: Callable[[int, int, bool], None],
+    filename: str | None = None,
 ) -> None:
     """Stream `url` into `blob` (via `blob.incomplete`), resuming a partial left by an earlier run.
 
     `report(done, resumed_from, finished)` is called at the start, every ~0.1 s, and at the end.
+    `filename` (the repo path) names the file in errors: the blob's own name is a hash.
+    Bytes that do not match `sha256` are fetched once more from the start (a partial from
+    an earlier run or one bad transfer can cause that); a second mismatch is the server's
+    doing and is said to be, rather than suggesting a retry that would fail the same way.
     """
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     blob.parent.mkdir(parents=True, exist_ok=True)
+    name = filename or blob.name
     with WeakFileLock(lock_path):  # the lock huggingface_hub takes for this blob
         if blob.exists():
             return
         part = blob.with_name(blob.name + ".incomplete")
-        done = part.stat().st_size if part.exists() else 0
-        if size is not None and done > size:
+        for attempt in (0, 1):
+            done, resumed_from, digest = _fetch_part(url, endpoint, part, size, sha256, report, name)
+            if digest is None or digest == sha256:
+                break
             part.unlink()
-            done = 0
-        resumed_from = done
-        report(done, resumed_from, False)
-        hasher = hashlib.sha256() if sha256 and _SHA256.match(sha256) else None
-        if hasher and done:
-            with part.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    hasher.update(chunk)
-        # The token goes to the Hub only, never to a CDN the Hub redirects to.
-        headers = build_hf_headers() if same_origin(url, endpoint) else build_hf_headers(token=False)
-        headers["Accept-Encoding"] = "identity"
-        st = _State(done, size, hasher)
-        failures = 0
-        with part.open("ab") as out:
-            while st.size is None or st.done < st.size:
-                before = st.done
-                try:
-                    _stream(url, headers, out, st, resumed_from, report)
-                    if st.size is None:
-                        break
-                except (httpx2.TransportError, HfHubHTTPError) as e:
-                    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
-                    if isinstance(e, HfHubHTTPError) and status < 500 and status != 429:
-                        raise
-                    failures = 0 if st.done > before else failures + 1
-                    if failures >= _RETRIES:
-                        raise UserError(
-                            f"download of {url.split('?')[0]} keeps failing ({type(e).__name__}); "
-                            "the partial file is kept: run the same command again to resume"
-                        ) from None
-                    time.sleep(0.25 * 2**failures)
-                except OSError as e:  # disk full, permissions: the partial stays for a later resume
-                    raise UserError(f"cannot write {part}: {e.strerror or e} (partial download kept)") from None
-        done, size, hasher = st.done, st.size, st.hasher
-        if size is not None and done != size:
-            raise UserError(f"{part}: got {done} bytes, expected {size}")
-        if hasher and hasher.hexdigest() != sha256:
-            part.unlink()
-            raise UserError(f"{blob.name}: sha256 mismatch after download (partial deleted); run again")
+            if attempt:
+                raise UserError(
+                    f"{name}: downloaded twice, and neither time did its bytes match the sha256 the Hub lists "
+                    f"(expected {sha256[:12]}..., got {digest[:12]}...); nothing was kept. The server sends "
+                    "other bytes than the repository declares, so a retry will not help: tell its owner")
         os.replace(part, blob)
         report(done, resumed_from, True)
+
+
+def _fetch_part(url: str, endpoint: str, part: Path, size: int | None, sha256: str | None,
+                report: Callable[[int, int, bool], None], name: str) -> tuple[int, int, str | None]:
+    """Download into `part` until it is complete -> (bytes, bytes resumed from, sha256 of
+    the bytes or None when there is no sha256 to check)."""
+    done = part.stat().st_size if part.exists() else 0
+    if size is not None and done > size:
+        part.unlink()
+        done = 0
+    resumed_from = done
+    report(done, resumed_from, False)
+    hasher = hashlib.sha256() if sha256 and _SHA256.match(sha256) else None
+    if hasher and done:
+        with part.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                hasher.update(chunk)
+    # The token goes to the Hub only, never to a CDN the Hub redirects to.
+    headers = build_hf_headers() if same_origin(url, endpoint) else build_hf_headers(token=False)
+    headers["Accept-Encoding"] = "identity"
+    st = _State(done, size, hasher)
+    failures = 0
+    with part.open("ab") as out:
+        while st.size is None or st.done < st.size:
+            before = st.done
+            try:
+                _stream(url, headers, out, st, resumed_from, report)
+                if st.size is None:
+                    break
+            except (httpx2.TransportError, HfHubHTTPError) as e:
+                status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
+                if isinstance(e, HfHubHTTPError) and status < 500 and status != 429:
+                    raise
+                failures = 0 if st.done > before else failures + 1
+                if failures >= _RETRIES:
+                    raise UserError(
+                        f"download of {name} keeps failing ({type(e).__name__}); "
+                        "the partial file is kept: run the same command again to resume"
+                    ) from None
+                time.sleep(0.25 * 2**failures)
+            except OSError as e:  # disk full, permissions: the partial stays for a later resume
+                raise UserError(f"cannot write {part}: {e.strerror or e} (partial download kept)") from None
+    if st.size is not None and st.done != st.size:
+        raise UserError(f"{name}: got {st.done} bytes, expected {st.size} ({part} kept)")
+    return st.done, resumed_from, st.hasher.hexdigest() if st.hasher else None
 
 
 @dataclass

@@ -232,12 +232,44 @@ def test_ctrl_c_leaves_resumable_partial(hub, tmp_path):
 
 
 def test_corrupt_download_is_rejected(hub, tmp_path):
+    """Bytes that never match the Hub's sha256: fetched once more, then one line that says
+    whose fault it is and does not invite a retry that would fail the same way."""
     digest = hashlib.sha256(Q4).hexdigest()
     hub.blobs[digest] = Q4[:-1] + b"!"  # the CDN serves other bytes than the Hub's sha256
-    with pytest.raises(UserError, match="sha256 mismatch"):
+    with pytest.raises(UserError, match="did its bytes match the sha256") as e:
         pull(REPO)
+    msg = str(e.value)
+    assert "run again" not in msg and "retry will not help" in msg and "\n" not in msg
+    assert len([s for s in cdn_gets(hub) if digest in s.path]) == 2  # one more try, not more
     folder = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF"
     assert list((folder / "blobs").iterdir()) == [] and not (folder / "snapshots").exists()
+
+
+def test_checksum_error_names_the_file(hub, tmp_path):
+    from rapidmoe.engine.hub_download import fetch_blob
+
+    digest = hashlib.sha256(Q4).hexdigest()
+    hub.blobs[digest] = Q4[:-1] + b"!"
+    blob_path = tmp_path / "blobs" / digest
+    with pytest.raises(UserError) as e:
+        fetch_blob(url=f"{hub.cdn}/lfs/{digest}", endpoint=hub.endpoint, blob=blob_path,
+                   lock_path=tmp_path / "locks" / f"{digest}.lock", size=len(Q4), sha256=digest,
+                   report=lambda *a: None, filename="Tiny-MoE-Q4_K_M.gguf")
+    assert str(e.value).startswith("Tiny-MoE-Q4_K_M.gguf: ") and not str(e.value).startswith(digest)
+    assert list(blob_path.parent.iterdir()) == []
+
+
+def test_stale_partial_is_fetched_again_once(hub, tmp_path):
+    """A partial left by an earlier run that does not fit the file: the sha256 catches it
+    and the file is fetched again from the start, in the same run."""
+    digest = hashlib.sha256(Q4).hexdigest()
+    folder = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF"
+    part = folder / "blobs" / f"{digest}.incomplete"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"GGUF" + b"\0" * 99_996)  # other bytes than the file's first 100 kB
+    paths = pull(REPO)
+    assert sha(paths[0]) == digest and not part.exists()
+    assert [s.headers.get("Range") for s in cdn_gets(hub) if digest in s.path] == ["bytes=100000-", None]
 
 
 def test_disk_space_checked_before_download(hub):
