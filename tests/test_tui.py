@@ -598,3 +598,36 @@ def test_no_history_stores_nothing(tmp_path, monkeypatch):
     assert [c.title for c in disk.list_chats()] == ["earlier"]
     assert [m.content for m in disk.messages(old.id)] == ["from before", "answer from before"]
     assert disk.get_state("last_model") == "used.gguf"
+
+
+def test_stats_shows_what_is_loaded_and_where_with_the_real_engine(tmp_path):
+    """/stats as `ps` for this app: the model, its plan and placement, the critical-set
+    policy with the r the engine reported, and memory in use. The real engine on a tiny
+    synthetic model (its timing is not under test here)."""
+    from rapidmoe.app.tui.backend import EngineBackend
+    from rapidmoe.engine.synth import write_synthetic
+
+    src = write_synthetic(tmp_path / "s.gguf", "qwen3moe", seed=3, dtype="f16", n_layer=2)
+
+    async def main():
+        app = make_app(tmp_path, EngineBackend(critical=1), model=str(src),
+                       overrides={"temperature": 0.0, "max_tokens": 3})
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            scr.prompt.load_text("/stats")
+            await pilot.press("enter")
+            await settle(pilot)
+            assert "r not reported yet" in notes(scr)[-1]
+            await reply(pilot, "hi")
+            scr.prompt.load_text("/stats")
+            await pilot.press("enter")
+            await settle(pilot)
+            text = notes(scr)[-1]
+            m = scr.model
+            assert m.handle.plan.mode == "cpu"
+            assert f"({m.spec}) · file " in text and f"context {m.n_ctx} tokens" in text
+            assert f"placement (cpu plan): {m.placement}" in text
+            assert "critical experts: fixed r = 1; last reply r 1.0 of k = 4 (per layer 1–1)" in text
+            assert re.search(r"memory in use: DRAM \d+(\.\d+)? (MiB|GiB)", text), text
+
+    asyncio.run(main())

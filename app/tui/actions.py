@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ...engine.errors import UserError
+from ...engine.units import fmt_bytes
 from .commands import help_text, parse_set, parse_slash
 from .context_meter import ContextMeter
 from .message import MessageView
@@ -221,10 +222,29 @@ class ChatActions:
         self.prompt.focus()
 
     def action_stats(self) -> None:
+        """The last reply's figures, then what is loaded and where it lives (`ps` for this app)."""
+        self.note(self.stats_text() + "\n" + self.loaded_text())
+
+    def loaded_text(self) -> str:
         m = self.model
-        where = (f"\nmodel {m.name} ({m.spec}) · {m.placement} · context {m.n_ctx} tokens · "
-                 f"DRAM in use {self.status.dram}" if m else "\nno model loaded")
-        self.note(self.stats_text() + where)
+        if m is None:
+            return "no model loaded"
+        handle = m.handle  # the engine's model; a stand-in backend may leave it None
+        plan = getattr(handle, "plan", None)
+        mode = getattr(plan, "mode", None) or ("cpu (full precision)" if handle is not None else "—")
+        size = f" · file {fmt_bytes(m.size_bytes)}" if m.size_bytes else ""
+        k = getattr(getattr(handle, "cfg", None), "n_expert_used", None)
+        setting = getattr(handle, "critical", None)
+        policy = ("full precision (no residual split)" if handle is not None and setting is None else
+                  "UMIA (auto)" if setting == "auto" else f"fixed r = {setting}" if setting is not None else "—")
+        r = self.status.critical  # per layer, as the engine last reported it
+        live = (f"; last reply r {sum(r) / len(r):.1f}" + (f" of k = {k}" if k else "")
+                + f" (per layer {min(r)}–{max(r)})" if r else "; r not reported yet")
+        mem = f"DRAM {self.status.dram}" + (f" · VRAM {self.status.vram}" if self.status.vram else "")
+        return (f"model {m.name} ({m.spec}){size} · context {m.n_ctx} tokens\n"
+                f"placement ({mode} plan): {m.placement}\n"
+                f"critical experts: {policy}{live}\n"
+                f"memory in use: {mem}")
 
     def action_help(self) -> None:
         self.note(help_text(self.app.key_summary()))

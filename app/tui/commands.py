@@ -20,7 +20,7 @@ SLASH: dict[str, tuple[str, str]] = {
     "/clear": ("", "forget this chat's messages (the context starts empty)"),
     "/regen": ("", "regenerate the last reply"),
     "/edit": ("", "put the last prompt back in the input to edit and resend it"),
-    "/stats": ("[on|off]", "stats of the last reply; on/off: after every reply"),
+    "/stats": ("[on|off]", "last reply's figures; what is loaded and where, memory, r (on/off: after each reply)"),
     "/new": ("", "start a new chat"),
     "/chats": ("", "open the chat list (rename, delete, export)"),
     "/rename": ("TITLE", "rename this chat"),
@@ -47,7 +47,7 @@ PALETTE = [
     ("Export chat to Markdown", "write this chat to a .md file", "export"),
     ("Edit prompt in $EDITOR", "write the prompt in your editor", "editor"),
     ("Clear chat", "forget this chat's messages", "clear"),
-    ("Show stats", "figures of the last reply", "stats"),
+    ("Show stats", "the last reply's figures; what is loaded and where, memory, r", "stats"),
     ("Help", "keys and / commands", "help"),
 ]
 
