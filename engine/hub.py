@@ -202,6 +202,7 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
                 size=size,
                 sha256=(ref.sha256[i] if ref.sha256 else None) or meta.etag,
                 report=report,
+                filename=f,
             )
             break
         except (HfHubHTTPError, *_NET_ERRORS) as e:

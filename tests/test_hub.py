@@ -240,6 +240,7 @@ def test_corrupt_download_is_rejected(hub, tmp_path):
         pull(REPO)
     msg = str(e.value)
     assert "run again" not in msg and "retry will not help" in msg and "\n" not in msg
+    assert "Q4_K_M.gguf" in msg and digest not in msg  # the file the user asked for, not the blob's hash
     assert len([s for s in cdn_gets(hub) if digest in s.path]) == 2  # one more try, not more
     folder = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF"
     assert list((folder / "blobs").iterdir()) == [] and not (folder / "snapshots").exists()
