@@ -25,3 +25,37 @@ def _isolated_dirs(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# Which CPU kernel paths the ISA-parametrized tests ran: a path this CPU lacks is
+# skipped, and the summary says so instead of leaving it to the skip count.
+ISA_PATHS = ("avx512-novbmi", "avx512-novnni", "avx2-novnni", "avx512", "avx2", "scalar")  # longest first
+_isa_runs: dict[str, dict[str, int]] = {}
+
+
+def _isa_of(nodeid: str) -> str | None:
+    if "[" not in nodeid:
+        return None
+    params = nodeid[nodeid.index("[") + 1:-1].split("-")
+    for name in ISA_PATHS:
+        parts = name.split("-")
+        if any(params[i:i + len(parts)] == parts for i in range(len(params))):
+            return name
+    return None
+
+
+def pytest_runtest_logreport(report):
+    isa = _isa_of(report.nodeid)
+    if isa is None or not (report.when == "call" or report.skipped):
+        return
+    outcome = "skipped" if report.skipped else "ran"
+    _isa_runs.setdefault(isa, {"ran": 0, "skipped": 0})[outcome] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _isa_runs:
+        return
+    ran = [f"{k} ({v['ran']})" for k, v in sorted(_isa_runs.items()) if v["ran"]]
+    skipped = [f"{k} ({v['skipped']})" for k, v in sorted(_isa_runs.items()) if v["skipped"] and not v["ran"]]
+    terminalreporter.write_line("CPU kernel paths tested: " + (", ".join(ran) or "none")
+                                + ("; not on this CPU, skipped: " + ", ".join(skipped) if skipped else ""))
