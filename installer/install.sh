@@ -148,5 +148,7 @@ say "installed $version in $(( (SECONDS - start) / 60 ))m $(( (SECONDS - start) 
 say "(to remove it: rm -r $venv $bindir/rapidmoe-chat)"
 case ":$PATH:" in
   *":$bindir:"*) ;;
-  *) say "$bindir is not on your PATH yet: open a new login shell, or run  export PATH=\"$bindir:\$PATH\"" ;;
+  *) hint=""
+     [ "$bindir" != "$HOME/.local/bin" ] || hint=" (or open a new login shell: most distros' ~/.profile adds ~/.local/bin once it exists)"
+     say "$bindir is not on your PATH: run  export PATH=\"$bindir:\$PATH\"$hint" ;;
 esac
