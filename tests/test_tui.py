@@ -20,7 +20,7 @@ from rapidmoe.app.tui.context_meter import ContextMeter  # noqa: E402
 from rapidmoe.app.tui.message import MessageView  # noqa: E402
 from rapidmoe.app.tui.status_bar import sparkline  # noqa: E402
 from rapidmoe.app.tui.think import code_blocks, split_think  # noqa: E402
-from tui_helpers import SIZE, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
+from tui_helpers import SIZE, chat_app, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
 
 
 def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
@@ -28,9 +28,7 @@ def test_streams_a_reply_in_batches_and_shows_tok_s(tmp_path):
     backend = ScriptedBackend(replies=[words], token_s=0.002, critical=(2, 4, 1, 8))  # reports 500 tok/s
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             assert backend.loaded == ["demo"]  # first run: the demo
             flushes = []
             orig = MessageView.flush
@@ -68,9 +66,7 @@ def test_escape_stops_generation_and_keeps_the_partial_reply(tmp_path):
     backend = ScriptedBackend(replies=[full], hold_after=10)  # each reply waits after 10 tokens
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await send(pilot, "a long story please")
             head = " ".join(f"t{i}" for i in range(10))
             await wait_for(pilot, lambda: scr.query(MessageView).last().text == head)
@@ -130,9 +126,7 @@ def test_quitting_mid_reply_keeps_the_partial_reply_marked_cut(tmp_path):
     backend = ScriptedBackend(replies=["one two three four five six"], hold_after=4)
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await send(pilot, "tell me")
             await wait_for(pilot, backend.holding.is_set)
             await pilot.press("ctrl+q")
@@ -163,9 +157,7 @@ def test_regenerate_and_edit_and_resend(tmp_path):
     backend = ScriptedBackend(replies=["first", "second", "third"])
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await reply(pilot, "q1")
             await pilot.press("ctrl+r")
             await wait_for(pilot, lambda: not scr.generating and views(scr)[-1] == ("assistant", "second"))
@@ -188,9 +180,7 @@ def test_slash_commands(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await pilot.press(*"/reg", "tab")
             assert scr.prompt.text == "/regen "  # Tab completes the unique match
             scr.prompt.load_text("/set te")
@@ -254,9 +244,7 @@ def test_think_block_is_collapsible(tmp_path):
     backend = ScriptedBackend(replies=["<think>\nweigh the options carefully\n</think>\n\nThe answer is **4**."])
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await reply(pilot, "2+2?")
             view = scr.query(MessageView).last()
             box = view.query_one(Collapsible)
@@ -333,9 +321,7 @@ def test_screenshots_of_the_main_screens(tmp_path):
     backend = ScriptedBackend(replies=["Sure: **bold** and `code`."])
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await reply(pilot, "show me")
             shots = {"chat": app.export_screenshot()}
             for key, name in (("ctrl+o", "chats"), ("ctrl+s", "settings"), ("ctrl+l", "models")):
@@ -365,9 +351,7 @@ def test_command_palette_runs_our_commands(tmp_path):
     backend = ScriptedBackend(replies=["one", "two"])
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             await reply(pilot, "hi")
             await pilot.press("ctrl+p")
             await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))

@@ -7,7 +7,7 @@ import asyncio
 from textual import events
 
 from scripted_engine import ScriptedBackend
-from tui_helpers import SIZE, make_app, notes, ready, settle, wait_for
+from tui_helpers import chat_app, notes, settle, wait_for
 
 from rapidmoe.app.tui.message import MessageView
 
@@ -16,9 +16,7 @@ def test_input_keys_newlines_large_paste_and_history(tmp_path):
     backend = ScriptedBackend(replies=["ok"])
 
     async def main():
-        app = make_app(tmp_path, backend)
-        async with app.run_test(size=SIZE) as pilot:
-            scr = await ready(pilot)
+        async with chat_app(tmp_path, backend) as (app, pilot, scr):
             # alt+enter as kitty-protocol terminals report it, and as paste_parser.py reports
             # the ESC CR of the others (test_terminal_input_* below)
             await pilot.press("l", "1", "shift+enter", "l", "2", "ctrl+j", "l", "3", "alt+enter", "l", "4")

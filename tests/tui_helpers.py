@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 
 from scripted_engine import ScriptedBackend
 
@@ -36,6 +37,14 @@ async def settle(pilot):
     has ended, say)."""
     await pilot.pause()
     await pilot.pause()
+
+
+@asynccontextmanager
+async def chat_app(tmp_path, backend, **kw):
+    """The chat app on `backend`, run headless, once its model is ready: (app, pilot, screen)."""
+    app = make_app(tmp_path, backend, **kw)
+    async with app.run_test(size=SIZE) as pilot:
+        yield app, pilot, await ready(pilot)
 
 
 async def ready(pilot):
