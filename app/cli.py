@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("cmd_list", "models (demo, Hugging Face cache) and packs, with sizes"),
     "rm": ("cmd_rm", "remove a model or pack, and packs whose source is gone"),
     "plan": ("cmd_plan", "where a model's bytes would live on this machine (VRAM/DRAM), from its metadata alone"),
+    "serve": ("cmd_serve", "an OpenAI-compatible HTTP server over one model (chat completions, streaming, tools)"),
     "doctor": ("cmd_doctor", "hardware, CPU kernel path, CUDA status, kernel cache and package versions"),
 }
 

@@ -147,17 +147,27 @@ class ChatSession:
     def params(self, p: SamplingParams) -> None:
         self.session.params = p
 
-    def prompt_tokens(self, add_generation_prompt: bool = True) -> list[int]:
+    def prompt_text(self, add_generation_prompt: bool = True, template: str | None = None,
+                    messages: list[dict] | None = None, **variables) -> str:
+        """The conversation (self.messages, or `messages`) through the chat template (the
+        model's, or `template`); `variables` reach the template too (tools, enable_thinking, ...)."""
         tok, meta = self.model.tokenizer, self.model.metadata
-        text = self._render(meta.get("tokenizer.chat_template") or "", self.messages,
+        return self._render(template or meta.get("tokenizer.chat_template") or "",
+                            self.messages if messages is None else messages,
                             bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                             eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
-                            add_generation_prompt=add_generation_prompt)
+                            add_generation_prompt=add_generation_prompt, **variables)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        tok = self.model.tokenizer
         # the template writes BOS itself when it wants one: add it only if it did not
         ids = tok.encode(text, add_special=True, parse_special=True)
         if len(ids) > 1 and tok.bos_id is not None and ids[0] == ids[1] == tok.bos_id:
             ids = ids[1:]
         return ids
+
+    def prompt_tokens(self, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode_prompt(self.prompt_text(add_generation_prompt))
 
     def send(self, user_text: str, cancel: threading.Event | None = None,
              params: SamplingParams | None = None) -> Iterator:

@@ -16,6 +16,8 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's additive penalties, over the same last-n window
+    presence_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
@@ -70,6 +72,9 @@ class Sampler:
             recent = torch.tensor(sorted(set(history[-p.repeat_last_n:])), dtype=torch.long)
             vals = logits[recent]
             logits[recent] = torch.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and history:
+            ids, counts = torch.tensor(history[-p.repeat_last_n:], dtype=torch.long).unique(return_counts=True)
+            logits[ids] -= counts.float() * p.frequency_penalty + p.presence_penalty
         if p.temperature <= 0:
             return int(torch.argmax(logits))
         if p.top_k > 0:

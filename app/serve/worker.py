@@ -1,0 +1,210 @@
+"""The one owner of the model: loads it, then runs requests one at a time, in
+the order they came, on one thread. One Session keeps the KV cache between
+requests, so a request that extends the previous conversation processes only
+its new tokens. A job's events go back to the event loop that waits for them."""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ...engine.errors import UserError
+from ...engine.events import Finished
+from ...engine.generate import ChatSession, Session
+from .errors import ApiError, bad
+from .protocol import GenRequest, check_limit
+from .reply import template_opens_think
+
+
+class TracingSession(Session):
+    """A Session that adds up each decode step's critical-set sizes per MoE layer."""
+
+    def begin(self) -> None:
+        self.r_sum: dict[int, float] = {}
+        self.r_steps = 0
+
+    def _feed(self, token: int):
+        logits = super()._feed(token)
+        tr = self.last_trace
+        if tr is not None and tr.r:
+            self.r_steps += 1
+            for layer, r in tr.r.items():
+                self.r_sum[layer] = self.r_sum.get(layer, 0.0) + float(np.mean(r))
+        return logits
+
+    def critical_stats(self) -> dict[str, Any]:
+        if not self.r_steps:
+            return {"critical_mean": None, "critical_per_layer": None, "decode_steps": 0}
+        per_layer = [round(self.r_sum[k] / self.r_steps, 3) for k in sorted(self.r_sum)]
+        return {"critical_mean": round(float(np.mean(per_layer)), 3), "critical_per_layer": per_layer,
+                "decode_steps": self.r_steps}
+
+
+@dataclass
+class Prepared:
+    req: GenRequest
+    ids: list[int]
+    params: Any  # SamplingParams
+    opened_think: bool = False
+
+
+@dataclass
+class Done:
+    finished: Finished
+    prompt_len: int
+    stats: dict
+
+
+@dataclass
+class Job:
+    prep: Prepared
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the loop is gone: the server is shutting down
+            self.cancel.set()
+
+
+class Worker:
+    def __init__(self, load: Callable[[], Any], queue_limit: int, base_params: Callable[[Any], Any],
+                 template: str | None = None, log: Callable[[str], None] | None = None):
+        self._load, self._base = load, base_params
+        self.queue_limit = queue_limit
+        self.template = template
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.state = "loading"  # -> "ready" | "failed"
+        self.error: str | None = None
+        self.model = None
+        self.ready = threading.Event()
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self.pending = 0  # running + waiting
+        self._thread = threading.Thread(target=self._main, name="rapidmoe-serve-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    # -- on the model thread --
+    def _main(self) -> None:
+        try:
+            model = self._load()
+            self.params = self._base(model)
+            self.chat = ChatSession(model, params=self.params)
+            self.chat.session = self.session = TracingSession(model, self.params)
+            self.model = model
+            self.state = "ready"
+        except BaseException as e:  # noqa: BLE001 - any load failure is reported, then the server stops
+            self.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            self.state = "failed"
+        finally:
+            self.ready.set()
+        if self.state != "ready":
+            return
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    self.pending -= 1
+
+    def _run(self, job: Job) -> None:
+        p = job.prep
+        if job.cancel.is_set():
+            job.put(None)
+            return
+        self.session.begin()
+        try:
+            final = None
+            for ev in self.session.generate(p.ids, p.params, job.cancel):
+                if isinstance(ev, Finished):
+                    final = ev
+                else:
+                    job.put(ev)
+            job.put(Done(final, len(p.ids), self.session.critical_stats()))
+            self.log(f"{p.req.kind}: prompt {len(p.ids)} tokens ({len(p.ids) - final.prompt_tokens} cached), "
+                     f"{final.completion_tokens} generated, {final.decode_tok_s:.1f} tok/s, "
+                     f"finish {final.finish_reason}")
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
+            self.session.reset()  # the cache may hold a half-run prompt
+            self.log(f"{p.req.kind}: failed: {type(e).__name__}: {e}")
+            job.put(ApiError(500, f"generation failed: {type(e).__name__}: {e}", "server_error"))
+
+    # -- on the event loop's side --
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def prepare(self, req: GenRequest) -> Prepared:
+        """Render and tokenize (no model state is touched: safe beside a running job)."""
+        params = self.params.with_overrides(**req.sampling)
+        opened = False
+        if req.kind == "completion":
+            ids = self.model.tokenizer.encode(req.prompt, add_special=True, parse_special=False)
+        else:
+            text = self._render(req)
+            opened = template_opens_think(text)
+            ids = self.chat.encode_prompt(text)
+        check_limit(len(ids), self.n_ctx)
+        return Prepared(req, ids, params, opened)
+
+    def _render(self, req: GenRequest) -> str:
+        template = self.template or self.model.metadata.get("tokenizer.chat_template") or ""
+        kw = dict(req.template_kwargs)
+        if req.tools:
+            if "tools" not in template:
+                raise bad("this model's chat template does not support tools", "tools", "tools_unsupported")
+            kw["tools"] = req.tools
+        msgs = req.messages
+        try:
+            return self.chat.prompt_text(template=self.template, messages=_with_object_args(msgs), **kw)
+        except UserError as e:
+            if not any("tool_calls" in m for m in msgs):
+                raise bad(str(e), "messages", "template_error") from None
+        try:  # templates that write function.arguments as a string (DeepSeek) rather than as JSON
+            return self.chat.prompt_text(template=self.template, messages=msgs, **kw)
+        except UserError as e:
+            raise bad(str(e), "messages", "template_error") from None
+
+    def submit(self, prep: Prepared, loop) -> Job:
+        job = Job(prep, loop)
+        with self._lock:
+            if self.pending > self.queue_limit:
+                raise ApiError(429, f"the server is busy: {self.pending - 1} requests are already waiting "
+                                    f"(--queue {self.queue_limit})", "queue_full")
+            self.pending += 1
+        self._jobs.put(job)
+        return job
+
+
+def _with_object_args(msgs: list[dict]) -> list[dict]:
+    """Most templates (Qwen, Hermes) print tool_call.arguments with tojson: give them the object."""
+    out = []
+    for m in msgs:
+        if "tool_calls" in m:
+            m = dict(m, tool_calls=[dict(c, function=dict(c["function"], arguments=_obj(c["function"]["arguments"])))
+                                    for c in m["tool_calls"]])
+        out.append(m)
+    return out
+
+
+def _obj(args: str):
+    try:
+        return json.loads(args)
+    except ValueError:
+        return args
