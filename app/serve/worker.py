@@ -29,6 +29,13 @@ class TracingSession(Session):
         self.r_sum: dict[int, float] = {}
         self.r_steps = 0
 
+    def _prefill(self, new: list[int], cancel):
+        """The prompt's last token always runs alone: whether the rest came from the
+        cache or not, it sees the same computation, so a seed gives the same reply."""
+        if len(new) > 1 and (super()._prefill(new[:-1], cancel) is None or (cancel and cancel.is_set())):
+            return None
+        return super()._prefill(new[-1:], cancel)
+
     def _feed(self, token: int):
         logits = super()._feed(token)
         tr = self.last_trace
