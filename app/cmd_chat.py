@@ -154,7 +154,7 @@ def run_prompt(args, prompt: str) -> int:
     if args.raw and args.system:
         raise UserError("--system has no effect with --raw")
     apply_config(args, cfg)
-    stored = None if args.raw else _stored_chat(args)
+    store, stored = (None, None) if args.raw else _open_history(args)
     model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
     # the model's own defaults < config.toml [sampling] < flags, as in the TUI
     params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
@@ -167,8 +167,7 @@ def run_prompt(args, prompt: str) -> int:
         system = args.system if args.system is not None else stored.system if stored else cfg.system
         chat = ChatSession(model, system=system or None, params=params)
         if stored is not None:
-            chat.messages += [{"role": m.role, "content": m.content}
-                              for m in _store().messages(stored.id) if m.role in ("user", "assistant")]
+            chat.messages += store.context(stored.id)
         events = chat.send(prompt, cancel=cancel)
     out = sys.stdout
     final: Finished | None = None
@@ -191,8 +190,6 @@ def run_prompt(args, prompt: str) -> int:
         out.flush()
         return 130
     assert final is not None
-    if not args.raw and not args.no_history:
-        _record(args, stored, prompt, final, system)
     if args.json:
         out.write(json.dumps({
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
@@ -211,36 +208,42 @@ def run_prompt(args, prompt: str) -> int:
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
         print(f"placement: {model.placement}", file=sys.stderr)
     out.flush()
+    if store is not None and not args.no_history:  # after the reply is out: a failed write never loses it
+        _record(args, store, stored, prompt, final, system)
     return 0
 
 
-def _store():
-    from .store import ChatStore
-
-    return ChatStore()
-
-
-def _stored_chat(args):
+def _open_history(args):
+    """-> (store or None, the chat to continue or None). Opened and checked before the
+    model loads: a history that cannot be read or written fails now, in one line."""
     if args.chat is not None and args.continue_:
         raise UserError("--chat and --continue exclude each other")
+    if args.no_history and args.chat is None and not args.continue_:
+        return None, None
+    from .store import ChatStore
+
+    store = ChatStore()
+    if not args.no_history:
+        store.check_writable()
     if args.chat is not None:
-        return _store().get_chat(args.chat)
+        return store, store.get_chat(args.chat)
     if args.continue_:
-        last = _store().last_chat()
+        last = store.last_chat()
         if last is None:
             raise UserError("no chat to continue yet")
-        return last
-    return None
+        return store, last
+    return store, None
 
 
-def _record(args, chat, prompt: str, final: Finished, system: str | None) -> None:
-    """Keep the exchange in the chat history (a new chat, or the continued one)."""
-    store = _store()
-    if chat is None:
-        title = " ".join(prompt.split())[:60] or "New chat"
-        chat = store.create_chat(title=title, model=str(args.model or "demo"), system=system or "")
-    store.add_message(chat.id, "user", prompt)
-    store.add_message(chat.id, "assistant", final.text, stats={
-        "completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),
-        "prompt_tok_s": round(final.prompt_tok_s, 2), "ttft_s": round(final.ttft_s, 4),
-        "finish_reason": final.finish_reason})
+def _record(args, store, chat, prompt: str, final: Finished, system: str | None) -> None:
+    """Keep the exchange in the chat history (a new chat, or the continued one), prompt and
+    reply in one transaction."""
+    stats = {"completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),
+             "prompt_tok_s": round(final.prompt_tok_s, 2), "ttft_s": round(final.ttft_s, 4),
+             "finish_reason": final.finish_reason}
+    try:
+        store.add_exchange(chat.id if chat else None, prompt, final.text, stats,
+                           title=" ".join(prompt.split())[:60] or "New chat",
+                           model=str(args.model or "demo"), system=system or "")
+    except UserError as e:
+        raise UserError(f"the reply above was not saved in the chat history: {e}") from None

@@ -4,7 +4,9 @@ prompt and sampling settings, messages with their stats, a little app state
 A session that must leave no trace (--no-history) uses an in-memory copy."""
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -72,18 +74,47 @@ class Message:
 
 class ChatStore:
     def __init__(self, path: Path | str | None = None, *, memory: bool = False):
-        """memory: a store that lives in memory only and is gone when closed (see scratch())."""
+        """memory: a store that lives in memory only and is gone when closed (see scratch()).
+        Every failure to open, check or use the file is a one-line UserError naming it."""
         self.path = None if memory else Path(path) if path else db_path()
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"{self.path.parent}: cannot hold the chat history ({e.strerror or e}); "
+                                "set RAPIDMOE_DATA_DIR to a folder") from None
+            if self.path.exists() and not self.path.is_file():
+                raise UserError(f"{self.path}: the chat history is not a file; move it away")
+        self.db = None
         try:
             self.db = sqlite3.connect(self.path or ":memory:", isolation_level=None, timeout=5.0)
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "schema_version" not in tables:  # someone else's database: leave it untouched
+                raise UserError(f"{self.path}: not a rapidmoe-chat history (it holds tables "
+                                f"{', '.join(sorted(tables)[:4])}); move it away to start a new one")
             self.db.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError as e:
-            raise UserError(f"{self.path}: cannot open the chat history ({e})") from None
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; one fsync per checkpoint
-        self._migrate()
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; one fsync per checkpoint
+            if self.path is not None:  # damage shows now, not halfway through a later write
+                bad = [r[0] for r in self.db.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+                if bad:
+                    raise UserError(f"{self.path}: the chat history is damaged ({_one_line(bad[0])}); "
+                                    "move it away to start a new one")
+            self._migrate()
+            _check_schema(self.db, self.path)
+        except (sqlite3.Error, UserError) as e:
+            if self.db is not None:
+                self.db.close()
+            raise _db_error(self.path, e, "cannot open") from None
+
+    def check_writable(self) -> None:
+        """Fail now, in one line, where a later write would (a read-only file or folder, a
+        locked or damaged database): before a reply is generated, not after it."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("UPDATE schema_version SET version = version")
+        finally:
+            self.db.execute("ROLLBACK")
 
     # --- schema ---
     def schema_version(self) -> int:
@@ -153,11 +184,14 @@ class ChatStore:
                               "WHERE id = ?", (chat_id,)).fetchone()
         if row is None:
             raise UserError(f"no chat with id {chat_id}")
-        return Chat(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6])
+        return _chat(row, self.path)
 
     def list_chats(self) -> list[Chat]:
-        rows = self.db.execute("SELECT id FROM chats ORDER BY updated DESC, id DESC").fetchall()
-        return [self.get_chat(r[0]) for r in rows]
+        """Every chat, most recently active first; one with damaged settings is listed with
+        none (opening it says what is wrong)."""
+        rows = self.db.execute("SELECT id, title, model, system, params, created, updated FROM chats "
+                               "ORDER BY updated DESC, id DESC").fetchall()
+        return [_chat(r, self.path, strict=False) for r in rows]
 
     def last_chat(self) -> Chat | None:
         row = self.db.execute("SELECT id FROM chats ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
@@ -200,10 +234,46 @@ class ChatStore:
             self.db.execute("UPDATE chats SET updated = ? WHERE id = ?", (now, chat_id))
         return Message(cur.lastrowid, chat_id, role, content, now, stats)
 
+    def add_exchange(self, chat_id: int | None, prompt: str, reply: str | None,
+                     stats: dict[str, Any] | None = None, *, title: str = "New chat",
+                     model: str | None = None, system: str = "") -> Chat:
+        """A prompt and its reply in one transaction (reply None: the prompt alone, left
+        unanswered), in chat_id or, when None, a new chat made in the same transaction:
+        a crash at any point leaves either all of it or none of it."""
+        now = time.time()
+        with self._tx():
+            if chat_id is None:
+                chat_id = self.db.execute(
+                    "INSERT INTO chats (title, model, system, params, created, updated) VALUES (?,?,?,?,?,?)",
+                    (title, model, system or "", "{}", now, now)).lastrowid
+            elif self.db.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone() is None:
+                raise UserError(f"no chat with id {chat_id}")
+            rows = [(chat_id, "user", prompt, now, None)]
+            if reply is not None:
+                rows.append((chat_id, "assistant", reply, now, json.dumps(stats) if stats is not None else None))
+            self.db.executemany("INSERT INTO messages (chat_id, role, content, created, stats) "
+                                "VALUES (?,?,?,?,?)", rows)
+            self.db.execute("UPDATE chats SET updated = ? WHERE id = ?", (now, chat_id))
+        return self.get_chat(chat_id)
+
     def messages(self, chat_id: int) -> list[Message]:
         rows = self.db.execute("SELECT id, chat_id, role, content, created, stats FROM messages "
                                "WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else None) for r in rows]
+        return [Message(r[0], r[1], r[2], r[3], r[4], _stats(r[5])) for r in rows]
+
+    def context(self, chat_id: int) -> list[dict[str, str]]:
+        """The chat as a model should see it: user and assistant turns alternating, each
+        prompt with its reply. A prompt left unanswered (the app was killed while writing
+        its reply, or the reply failed) is kept in the history but not sent, so a template
+        that requires alternating roles never sees two user turns in a row."""
+        msgs = self.messages(chat_id)
+        out: list[dict[str, str]] = []
+        for m, nxt in zip(msgs, msgs[1:] + [None]):
+            if m.role == "user" and nxt is not None and nxt.role == "assistant":
+                out.append({"role": "user", "content": m.content})
+            elif m.role == "assistant" and out and out[-1]["role"] == "user":
+                out.append({"role": "assistant", "content": m.content})
+        return out
 
     def delete_messages_from(self, chat_id: int, message_id: int) -> int:
         """Delete a message and every later one in its chat (edit / regenerate)."""
@@ -249,6 +319,106 @@ class ChatStore:
         msgs = [{"role": m.role, "content": m.content, "created": m.created, "stats": m.stats}
                 for m in self.messages(chat_id)]
         return json.dumps({**_chat_dict(chat), "messages": msgs}, ensure_ascii=False, indent=1)
+
+
+# Stored settings are sampling overrides: a name -> the JSON types its value may have.
+_PARAM_TYPES: dict[str, tuple[type, ...]] = {
+    "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "min_p": (int, float),
+    "repeat_penalty": (int, float), "repeat_last_n": (int,), "seed": (int, type(None)),
+    "max_tokens": (int,), "stop": (list,),
+}
+
+
+def _params(text: str) -> dict[str, Any]:
+    """A chat's stored settings -> dict; ValueError saying what is wrong."""
+    try:
+        p = json.loads(text)
+    except (TypeError, ValueError):
+        raise ValueError("not JSON") from None
+    if not isinstance(p, dict):
+        raise ValueError(f"a JSON {type(p).__name__}, not an object")
+    for k, v in p.items():
+        kinds = _PARAM_TYPES.get(k)
+        if kinds is None:
+            raise ValueError(f"unknown setting {k!r}")
+        if isinstance(v, bool) or not isinstance(v, kinds) or (
+                k == "stop" and not all(isinstance(x, str) for x in v)):
+            raise ValueError(f"{k} = {_one_line(json.dumps(v))[:40]}")
+        if isinstance(v, float) and v != v:
+            raise ValueError(f"{k} is NaN")
+    return p
+
+
+def _chat(row, path: Path | None, strict: bool = True) -> Chat:
+    try:
+        params = _params(row[4])
+    except ValueError as e:
+        if strict:
+            raise UserError(f"{path or 'history'}: chat {row[0]} has damaged settings ({e}); "
+                            "start a new chat or delete this one") from None
+        params = {}
+    return Chat(row[0], row[1], row[2], row[3], params, row[5], row[6])
+
+
+def _stats(text: str | None) -> dict[str, Any] | None:
+    """A message's stats are informative: unreadable ones are dropped, not fatal."""
+    if not text:
+        return None
+    try:
+        s = json.loads(text)
+    except ValueError:
+        return None
+    return s if isinstance(s, dict) else None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _check_schema(db: sqlite3.Connection, path: Path | None) -> None:
+    """A database that is not ours (same file name, other tables or columns): say so now."""
+    want = {"chats": {"id", "title", "model", "system", "params", "created", "updated"},
+            "messages": {"id", "chat_id", "role", "content", "created", "stats"},
+            "state": {"key", "value"}}
+    for table, cols in want.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
+        if not cols <= have:
+            raise UserError(f"{path}: not a rapidmoe-chat history (table {table} lacks "
+                            f"{', '.join(sorted(cols - have))}); move it away to start a new one")
+
+
+def _db_error(path: Path | None, e: Exception, doing: str = "cannot use") -> UserError:
+    if isinstance(e, UserError):
+        return e
+    msg = _one_line(e)
+    ro = path is not None and not (os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK)))
+    if ro or "readonly" in msg or "read-only" in msg:
+        hint = "the file or its folder is read-only; make it writable or use --no-history"
+    elif "locked" in msg or "busy" in msg:
+        hint = "another rapidmoe-chat holds it; try again when it is done"
+    elif "not a database" in msg or "malformed" in msg or "corrupt" in msg:
+        hint = "the file is damaged or not a chat history; move it away to start a new one"
+    elif "already exists" in msg or "no such" in msg:
+        hint = "not a rapidmoe-chat history; move it away to start a new one"
+    else:
+        hint = "check the file and its folder"
+    return UserError(f"{path or 'chat history'}: {doing} the chat history: {msg} ({hint})")
+
+
+def _guard(fn):
+    """SQLite failures inside a store method -> one UserError line naming the file."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kw):
+        try:
+            return fn(self, *args, **kw)
+        except sqlite3.Error as e:
+            raise _db_error(self.path, e) from None
+    return wrapper
+
+
+for _name, _fn in list(vars(ChatStore).items()):
+    if callable(_fn) and not _name.startswith("__") and not isinstance(_fn, (classmethod, staticmethod)):
+        setattr(ChatStore, _name, _guard(_fn))
 
 
 def _chat_dict(chat: Chat) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         system = self.system_prompt()
         msgs = [{"role": "system", "content": system}] if system else []
         if self.chat is not None:
-            msgs += [{"role": m.role, "content": m.content} for m in self.app.store.messages(self.chat.id)]
+            msgs += self.app.store.context(self.chat.id)  # an unanswered prompt is not sent
         self.engine_chat.messages[:] = msgs
         self.engine_chat.params = self.params()
 
