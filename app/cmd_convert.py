@@ -1,4 +1,6 @@
-"""`rapidmoe-chat convert -m PATH`: build (or verify) the residual-split pack."""
+"""`rapidmoe-chat convert -m PATH`: build the residual-split pack, or verify
+every checksum of the one there (a load checks a sample) and rebuild it when
+one fails."""
 from __future__ import annotations
 
 import sys
@@ -24,6 +26,6 @@ def run(args) -> int:
         kernels.set_num_threads(args.threads)
     with StepProgress(enabled=sys.stderr.isatty()) as prog:
         src = resolve_model_path(args.model, progress=prog)
-        out = convert(src, progress=prog, log=note)
+        out = convert(src, progress=prog, log=note, full_check=True)  # an existing pack: every checksum
     print(out)
     return 0

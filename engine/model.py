@@ -80,11 +80,11 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
     policy = _split_policy(cfg, critical, log, path) if critical is not None else None
     if policy is not None:
-        from .pack import convert, source_identity, verify_pack
+        from .pack import open_pack
 
-        pack = convert(path, progress=progress, log=log)
+        pack = open_pack(gguf, progress=progress, log=log)  # the source stays open once, for all of it
         gguf.close()
-        gguf = verify_pack(pack, source_identity(path))
+        gguf = pack
     elif placement is not None and placement.mode not in (None, "cpu"):
         raise UserError(f"--mode {placement.mode} places the residual split: it needs --critical, not full precision")
     W = Weights(gguf, is_pack=policy is not None)

@@ -200,8 +200,8 @@ def test_two_standin_gpus_split_the_layers_as_planned(files, monkeypatch):
 def test_a_plan_that_does_not_fit_is_refused_before_converting(files, tmp_path):
     from rapidmoe.engine.pack import pack_path
 
-    src = tmp_path / "fresh.gguf"
-    src.write_bytes(Path(files["qwen3moe"]).read_bytes())
+    # a model no test converted before (packs are keyed by content, not path)
+    src = write_synthetic(tmp_path / "fresh.gguf", "qwen3moe", seed=4, dtype="f16")
     r = cli("-m", str(src), "-p", "hi", "--mode", "gpu-residual", "--vram-budget", "0.5", env=STANDIN)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

@@ -15,20 +15,26 @@ from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
 from rapidmoe.engine.model import load_model
 from rapidmoe.engine.pack import convert, pack_path, source_identity, verify_pack
+
+
+def ident(path):
+    with GGUFFile(path) as g:
+        return source_identity(g)
 from rapidmoe.engine.synth import write_synthetic
 
 
 @pytest.fixture()
-def src(tmp_path):
+def src(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))  # packs are keyed by content: one cache per test
     return write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=11, dtype="f16", n_layer=3)
 
 
 def test_pack_holds_source_tensors_and_resplit_parts(src):
     out = convert(src)
     g, s = GGUFFile(out), GGUFFile(src)
-    assert g.metadata["rapidmoe.pack.version"] == 1
+    assert g.metadata["rapidmoe.pack.version"] == 2
     for name, t in s.tensors.items():
-        if "_exps." in name:
+        if "_exps." in name or name == "rapidmoe.pack.crc32":
             assert name not in g.tensors
             continue
         assert np.array_equal(g.raw(name), s.raw(name))  # non-expert tensors keep their source bytes
@@ -82,7 +88,7 @@ def test_interrupted_convert_resumes_and_is_never_taken_for_a_pack(src, tmp_path
     out = pack_path(src)
     assert not out.exists() and out.with_name(out.name + ".partial").exists()
     with pytest.raises(ModelFileError):  # the partial is not a valid GGUF pack
-        verify_pack(out.with_name(out.name + ".partial"), source_identity(src))
+        verify_pack(out.with_name(out.name + ".partial"), ident(src))
     notes = []
     assert convert(src, log=notes.append) == out
     assert any("resuming" in n and "2 of 3" in n for n in notes)
@@ -99,12 +105,17 @@ def test_tampered_or_stale_pack_is_rebuilt(src):
     data[i + 60] ^= 0x01  # one hex digit of the stored digest
     out.write_bytes(bytes(data))
     with pytest.raises(ModelFileError, match="checksum"):
-        verify_pack(out, source_identity(src))
+        verify_pack(out, ident(src))
     notes = []
     assert convert(src, log=notes.append) == out
     assert any("rebuilding" in n for n in notes)
-    verify_pack(out, source_identity(src))
-    os.utime(src, ns=(1, 1))  # the source changed: another key, another pack
+    verify_pack(out, ident(src))
+    os.utime(src, ns=(1, 1))  # touched, same content: same pack
+    assert pack_path(src) == out
+    data = bytearray(src.read_bytes())  # one tensor's bytes changed where the identity samples them
+    t = GGUFFile(src).tensors["blk.0.attn_q.weight"]
+    data[t.offset + t.nbytes // 2] ^= 0x40
+    src.write_bytes(bytes(data))
     assert pack_path(src) != out
 
 
@@ -134,3 +145,93 @@ def test_cli_critical_flags(src):
     assert r.returncode == 0 and "using 4" in r.stderr
     r = cli("convert", "-m", str(src))
     assert r.returncode == 0 and r.stdout.strip().endswith(".rmpack.gguf")
+    out = pack_path(src)  # one flipped bit a load's sample may miss: `convert` checks every checksum
+    t = GGUFFile(out).tensors["blk.2.ffn_gate_exps.wq"]
+    data = bytearray(out.read_bytes())
+    data[t.offset + 3 * t.nbytes // 8 + 1] ^= 0x04
+    out.write_bytes(bytes(data))
+    r = cli("convert", "-m", str(src))
+    assert r.returncode == 0 and "rebuilding the pack" in r.stderr and "checksum mismatch" in r.stderr
+    verify_pack(out, ident(src), sample=None).close()
+
+
+def _leftovers(out):
+    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name and not p.name.endswith(".lock"))
+
+
+def test_a_copy_of_the_source_uses_the_same_pack_and_the_source_is_opened_once(src, tmp_path, monkeypatch):
+    out = convert(src)
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(src.read_bytes())
+    notes = []
+    assert convert(copy, log=notes.append) == out and notes == []  # found by content: nothing converted
+    other = write_synthetic(tmp_path / "m2.gguf", "qwen3moe", seed=12, dtype="f16", n_layer=3)
+    assert pack_path(other) != out  # same shapes, other weights: another pack
+
+    opened = []
+    init = GGUFFile.__init__
+
+    def counting(self, path, *a, **k):
+        opened.append(os.path.abspath(path))
+        init(self, path, *a, **k)
+
+    monkeypatch.setattr(GGUFFile, "__init__", counting)
+    load_model(copy, n_ctx=16, critical=2)
+    assert opened.count(str(copy)) == 1 and opened.count(str(out)) == 1  # the source once, the pack once
+
+
+def test_a_pack_damaged_on_disk_is_caught_at_load_and_rebuilt(src):
+    out = convert(src)
+    clean = out.read_bytes()
+    with open(out, "r+b") as f:  # its last 75% zeroed, size and header intact
+        f.seek(len(clean) // 4)
+        f.write(b"\0" * (len(clean) - len(clean) // 4))
+    with pytest.raises(ModelFileError, match="checksum mismatch"):
+        verify_pack(out, ident(src)).close()
+    notes = []
+    m = load_model(src, n_ctx=16, critical=2, log=notes.append)
+    assert any("rebuilding the pack" in n and "checksum mismatch" in n for n in notes)
+    assert out.read_bytes() == clean and m.weights.gguf.path == out
+    # one flipped bit inside one expert's slice may escape a load's sample: `convert` checks every unit
+    t = GGUFFile(out).tensors["blk.1.ffn_up_exps.wr"]
+    data = bytearray(clean)
+    data[t.offset + 5 * t.nbytes // 8 + 3] ^= 0x10
+    out.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="checksum mismatch"):
+        verify_pack(out, ident(src), sample=None).close()
+    notes = []
+    assert convert(src, log=notes.append, full_check=True) == out and out.read_bytes() == clean
+    assert any("rebuilding the pack" in n for n in notes) and _leftovers(out) == []
+
+
+def test_kill_9_anywhere_in_convert_then_the_next_run_works(src, tmp_path, monkeypatch):
+    """SIGKILL at seeded random write points of a conversion (and at every step of
+    its commit), in a subprocess: no pack is ever there unless whole, and the next
+    run gives the same bytes as an uninterrupted one."""
+    import random
+
+    from rapidmoe.engine import pack
+
+    before = pack._steps
+    ref = convert(src)
+    clean, n_steps = ref.read_bytes(), pack._steps - before
+    ref.unlink()
+    # 5 seeded random points, and the commit: checksum table, magic, rename, record removal, directory fsync
+    points = sorted(set(random.Random(20).sample(range(1, n_steps - 8), 5)) | {n_steps - k for k in (6, 4, 2, 1, 0)})
+    child = "import sys; from rapidmoe.engine.pack import convert; convert(sys.argv[1])"
+    for i, k in enumerate(points):
+        cache = tmp_path / f"kill{k}"
+        env = dict(os.environ, RAPIDMOE_CACHE_DIR=str(cache), RAPIDMOE_FAULT_KILL_AT=str(k))
+        r = subprocess.run([sys.executable, "-c", child, str(src)], env=env, capture_output=True, timeout=300)
+        assert r.returncode == -9, (k, r.stderr[-400:])
+        monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(cache))
+        out = pack_path(src)
+        if out.exists():  # only after the rename: then it is whole
+            verify_pack(out, ident(src), sample=None).close()
+        if i in (1, 3):  # and again while resuming
+            env["RAPIDMOE_FAULT_KILL_AT"] = str(max(1, n_steps // 3))
+            r = subprocess.run([sys.executable, "-c", child, str(src)], env=env, capture_output=True, timeout=300)
+            assert r.returncode in (0, -9), (k, r.stderr[-400:])
+        assert convert(src) == out and out.read_bytes() == clean, k
+        assert _leftovers(out) == [], k
