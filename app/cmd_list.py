@@ -5,7 +5,7 @@ Packs are GGUF files in <cache>/packs (engine/pack.py). A pack is stale when it
 cannot be used any more: unreadable, an older pack format, its recorded source
 path gone or changed, or a `.partial` left without its resume record. `rm`
 of a model also removes the packs made from it (their names are keyed by the
-source path). `rm --stale` removes stale packs.
+source's content). `rm --stale` removes stale packs.
 """
 from __future__ import annotations
 
@@ -69,13 +69,13 @@ def _pack_state(p: Path, sources: dict[str, str]) -> tuple[str, bool]:
     version = meta.get("rapidmoe.pack.version")
     if PACK_VERSION is not None and version != PACK_VERSION:
         return f"pack format {version}, this version reads {PACK_VERSION}", True
+    if p.name in sources:  # packs are keyed by content: a model here may be a copy of the recorded source
+        return f"from {sources[p.name]}", False
     src = meta.get(PACK_SOURCE_KEY)
     if src:
         sp = Path(str(src))
         if not sp.exists():
             return f"source gone: {src}", True
-    if p.name in sources:
-        return f"from {sources[p.name]}", False
     return f"from {meta.get('rapidmoe.pack.source_name', '?')}" + ("" if src else " (a local file?)"), False
 
 

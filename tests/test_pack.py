@@ -235,3 +235,19 @@ def test_kill_9_anywhere_in_convert_then_the_next_run_works(src, tmp_path, monke
             assert r.returncode in (0, -9), (k, r.stderr[-400:])
         assert convert(src) == out and out.read_bytes() == clean, k
         assert _leftovers(out) == [], k
+
+
+def test_list_names_the_model_a_pack_serves_when_its_first_source_is_gone(src, capsys):
+    import json
+
+    from rapidmoe.app.cli import main
+    from rapidmoe.engine.demo import demo_cache_path
+
+    out = convert(src)
+    demo = demo_cache_path()  # the same bytes as the demo of this (per-test) cache dir
+    demo.parent.mkdir(parents=True)
+    demo.write_bytes(src.read_bytes())
+    src.unlink()
+    assert main(["list", "--json"]) == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows[out.name]["note"] == "from demo" and not rows[out.name]["stale"]
