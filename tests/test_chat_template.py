@@ -82,9 +82,54 @@ def test_default_template_is_chatml():
     ("{{ ''.__class__.__mro__ }}", "unsafe"),
     ("{% set _ = messages.append(1) %}", "unsafe"),
     ("{{ 'x' * 10**10 }}", "unsafe"),
+    ("{{ cycler.__init__.__globals__ }}", "unsafe"),
     ("{{ messages[3].content }}", "failed: UndefinedError"),
 ])
 def test_bad_templates_are_one_line_user_errors(template, message):
     with pytest.raises(UserError, match=message) as e:
         render(template, [{"role": "user", "content": "hi"}])
     assert "\n" not in str(e.value)
+
+
+DOUBLING = "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = OP %}{% endfor %}{{ ns.s }}"
+
+
+@pytest.mark.parametrize("template", [
+    # the string doubling of the fuzz run, spelled every way a template can spell it
+    *(DOUBLING.replace("OP", op) for op in (
+        "ns.s ~ ns.s", "ns.s + ns.s", "[ns.s, ns.s] | join", "''.join([ns.s, ns.s])", "'%s%s' % (ns.s, ns.s)",
+        "'{}{}'.format(ns.s, ns.s)", "ns.s | replace('x', 'xx')", "ns.s.replace('x', 'xx')")),
+    "{% macro d(s, n) %}{{ d(s ~ s, n - 1) if n else s }}{% endmacro %}{{ d('x', 64) }}",
+    # one call asking for gigabytes
+    "{{ 'x'.ljust(10**9) }}", "{{ 'x' | center(10**9) }}", "{{ '%1000000000s' % 'x' }}",
+    "{{ ('{:>999999}' * 100).format(*range(100)) }}",
+    "{{ ('\\n' * 1000000) | indent(1000) }}", "{{ ('x ' * 500000) | wordwrap(1, true, 'y' * 1000) }}",
+    "{{ ('\\t' * 1000000).expandtabs(1000) }}",
+    # output that never ends, loops that never end
+    "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% set s = 'x' * 1000000 %}{% for c in s %}{% for d in s %}{% endfor %}{% endfor %}",
+])
+def test_rendering_is_bounded_in_size_and_steps(template):
+    with pytest.raises(UserError, match="the chat template (was stopped|tried something unsafe)") as e:
+        render(template, [{"role": "user", "content": "hi"}])
+    assert "\n" not in str(e.value)
+
+
+def test_rendering_is_bounded_in_time(monkeypatch):
+    t = "{% for i in range(100000) %}{{ i }}{% endfor %}"
+    assert len(render(t, [])) > 400_000
+    monkeypatch.setenv("RAPIDMOE_TEMPLATE_TIMEOUT", "0")  # the deadline has passed at the first check
+    with pytest.raises(UserError, match="stopped: it ran out of time"):
+        render(t, [])
+
+
+def test_bounds_leave_real_conversations_alone():
+    t = real_metadata("qwen")["tokenizer.chat_template"]
+    long = "word " * 200_000  # a megabyte pasted into one message
+    msgs = [m for i in range(500) for m in ({"role": "user", "content": f"q{i}"},
+                                            {"role": "assistant", "content": f"a{i}"})]
+    out = render(t, msgs + [{"role": "user", "content": long}], bos_token=BOS_DS, eos_token=EOS_DS)
+    assert out.endswith(long + "<｜Assistant｜>") and "q499" in out
+    assert render("{{ 'x'.ljust(80) | length }} {{ messages | tojson(indent=2) | length > 0 }}",
+                  msgs[:2]) == "80 True"
