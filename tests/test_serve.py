@@ -157,6 +157,16 @@ def test_disconnect_mid_stream_cancels_and_the_next_request_is_served(srv, clien
     assert chat(client, max_tokens=2).usage.completion_tokens == 2
 
 
+def test_a_client_that_leaves_a_whole_reply_request_cancels_it(srv, client):
+    mark = srv.mark()
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"messages": COUNT, "max_tokens": 3000}),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    conn.close()  # without reading the reply
+    srv.wait_line(r"chat: .*(finish cancelled|before its turn)", 120, start=mark)
+    assert chat(client, max_tokens=2).usage.completion_tokens == 2
+
+
 def test_concurrent_clients_are_queued_and_all_served(client):
     results: dict[int, object] = {}
 

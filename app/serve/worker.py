@@ -133,6 +133,7 @@ class Worker:
     def _run(self, job: Job) -> None:
         p = job.prep
         if job.cancel.is_set():
+            self.log(f"{p.req.kind}: the client left before its turn: skipped")
             job.put(None)
             return
         self.session.begin()
