@@ -167,17 +167,36 @@ def pack_disk_note(sizes, hw_disk_free: int, pack_exists: bool) -> str:
     return f"the residual-split pack ({_bytes(need)}) is written to the cache dir on first use"
 
 
+def conversion_note(cost: dict, disk_free: int) -> str:
+    """What the first use's conversion costs, before it starts (engine/pack_cost.py)."""
+    from ..engine.pack_cost import describe_cost
+
+    short = (f"; the cache dir has {_bytes(disk_free)} free: not enough"
+             if disk_free and disk_free < cost["pack_bytes"] else "")
+    return (f"first use converts {cost['weights'] / 1e6:.1f} M expert weights into the residual-split pack "
+            f"in the cache dir: {describe_cost(cost)}{short}")
+
+
 def run(args) -> int:
     p, sizes = make_plan(args)
-    disk = ""
+    disk, cost = "", None
     if not args.hardware:
         from ..engine.hardware import disk_free
-        from ..engine.pack import pack_path
+        from ..engine.pack import pack_path, source_identity
+        from ..engine.pack_cost import source_cost
         from ..engine.paths import cache_dir
 
-        disk = pack_disk_note(sizes, disk_free(cache_dir()), pack_path(resolve(args.model)).exists())
+        from ..engine.gguf.reader import GGUFFile
+
+        free = disk_free(cache_dir())
+        with GGUFFile(resolve(args.model)) as g:
+            exists = pack_path(g).exists()
+            if not exists and sizes.n_moe_layers:  # timed on its own experts, on this machine
+                cost = source_cost(g, source_identity(g))
+        disk = conversion_note(cost, free) if cost else pack_disk_note(sizes, free, exists)
     if args.json:
-        print(json.dumps({**p.to_json(), **({"disk_note": disk} if disk else {})}))
+        print(json.dumps({**p.to_json(), **({"disk_note": disk} if disk else {}),
+                          **({"conversion": cost} if cost else {})}))
     else:
         print_plan(p, sizes, disk)
     if not p.fits:

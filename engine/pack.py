@@ -115,7 +115,7 @@ class PackPlan:
 
 
 def plan_pack(g: GGUFFile, ident: dict) -> PackPlan:
-    cfg = check_model(g)  # presence, type and shape of every tensor before any is converted
+    cfg = check_model(g, tokenizer=False)  # presence, type and shape of every tensor before any is converted
     layers = expert_layers(cfg, g)
     if not layers:
         raise ModelFileError(g.path, "no routed expert tensors to convert")
@@ -250,7 +250,7 @@ def _write(src: GGUFFile, ident: dict, out: Path, progress, log) -> None:
                 f"not enough disk for the pack: it needs {need / 1e9:.2f} GB in {out.parent}, {free / 1e9:.2f} GB free "
                 f"(the source is {ident['size'] / 1e9:.2f} GB; it can be removed once the pack is verified)")
         if log:
-            log(pack_cost.first_use_note(plan.weights, plan.size, out.parent))
+            log(pack_cost.first_use_note(plan.weights, plan.size, out.parent, src))
     elif log:
         log(f"resuming the conversion ({len(done)} of {len(plan.layers)} layers done)")
     t0 = time.monotonic()

@@ -2,10 +2,12 @@
 experts into a pack takes time (expert weights / this machine's converter rate)
 and disk (about the model's size again).
 
-The rate is the last conversion's on this machine (recorded when it ran long
-enough to measure), else a quick measurement of the converter's own per-expert
-step on one expert of a mid-size model's shape (about a quarter of a second),
-kept until the machine, its thread count or the expert format changes.
+The rate is measured on the model's own first experts when its file is at hand
+(the converter's own per-expert step, in their type and shape, for about a
+quarter of a second); without it, the last conversion's on this machine
+(recorded when it ran long enough to measure), else the same quick measurement
+on an F16 expert of a mid-size model's shape, kept until the machine, its
+thread count or the expert format changes.
 """
 from __future__ import annotations
 
@@ -85,8 +87,31 @@ def calibrate() -> float:
             return done / dt
 
 
-def converter_rate() -> tuple[float, str]:
-    """(weights per second, how it was measured) on this machine."""
+def model_rate(g) -> float:
+    """Time the converter on the first routed experts of an open source GGUF, in
+    their own type and shape, until CALIB_MIN_S has passed -> weights per second."""
+    from .pack import EXPERT_KINDS, convert_expert
+
+    il = next(il for il in range(10**6) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
+    ts = [g.tensors[f"blk.{il}.ffn_{k}_exps.weight"] for k in EXPERT_KINDS]
+    raws = [g.raw(t.name).reshape(t.shape[0], -1) for t in ts]
+    done, t0 = 0, time.perf_counter()
+    for e in range(ts[0].shape[0]):
+        for kind, t, raw in zip(EXPERT_KINDS, ts, raws):
+            convert_expert(raw[e], t.ggml_type, kind, t.shape[1], t.shape[2])
+            done += t.shape[1] * t.shape[2]
+        dt = time.perf_counter() - t0
+        if dt >= CALIB_MIN_S:
+            break
+    return done / max(dt, 1e-9)
+
+
+def converter_rate(src=None) -> tuple[float, str]:
+    """(weights per second, how it was measured) on this machine: on the source's
+    own experts when an open GGUF is given, else the last conversion's rate or a
+    quick measurement."""
+    if src is not None:
+        return model_rate(src), "a test conversion of its first experts"
     d = _read()
     if d is not None:
         return float(d["weights_per_s"]), str(d.get("how", "measured"))
@@ -103,11 +128,29 @@ def fmt_duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def conversion_cost(weights: int, pack_bytes: int) -> dict:
-    """The cost of converting `weights` expert weights into a pack of `pack_bytes`."""
-    rate, how = converter_rate()
+def conversion_cost(weights: int, pack_bytes: int, src=None) -> dict:
+    """The cost of converting `weights` expert weights (of the open GGUF src, when
+    given) into a pack of `pack_bytes`."""
+    rate, how = converter_rate(src)
     return {"seconds": weights / rate, "weights": weights, "pack_bytes": pack_bytes,
             "weights_per_s": rate, "rate_from": how}
+
+
+def sizes_cost(sizes) -> dict:
+    """The conversion cost of a model known by its plan sizes alone
+    (engine/plan_sizes.ModelSizes, e.g. a recommended model not downloaded yet)."""
+    weights = sizes.n_moe_layers * sizes.n_expert * 3 * sizes.n_ff_exp * sizes.n_embd
+    return conversion_cost(weights, sizes.nonexpert_bytes + sizes.n_moe_layers * sizes.n_expert * sizes.expert_bytes)
+
+
+def source_cost(g, ident: dict, measure: bool = True) -> dict:
+    """The conversion cost of an open source GGUF: the pack's exact size (its
+    layout is planned, nothing written) and the rate timed on its own experts
+    (measure) or this machine's recorded one."""
+    from .pack import plan_pack
+
+    plan = plan_pack(g, ident)
+    return conversion_cost(plan.weights, plan.size, g if measure else None)
 
 
 def describe_cost(c: dict) -> str:
@@ -116,6 +159,20 @@ def describe_cost(c: dict) -> str:
             f"from {c['rate_from']} on this machine) and {fmt_bytes(c['pack_bytes'])} of disk")
 
 
-def first_use_note(weights: int, pack_bytes: int, where: Path) -> str:
+def first_use_note(weights: int, pack_bytes: int, where: Path, src=None) -> str:
     return (f"first use of this model: converting {weights / 1e6:.1f} M expert weights once, "
-            f"{describe_cost(conversion_cost(weights, pack_bytes))} in {where}")
+            f"{describe_cost(conversion_cost(weights, pack_bytes, src))} in {where}")
+
+
+def first_use_label(path) -> str:
+    """'' when the model's pack is there (or it has no routed experts), else a short
+    'first use: about 25 min to convert, 17.6 GiB of disk' for lists of models."""
+    from .gguf.reader import GGUFFile
+    from .pack import expert_layers, pack_path, source_identity
+    from .config import config_from_metadata
+
+    with GGUFFile(path) as g:
+        if not expert_layers(config_from_metadata(g.metadata, str(path)), g) or pack_path(g).exists():
+            return ""
+        c = source_cost(g, source_identity(g), measure=False)
+    return f"first use: about {fmt_duration(c['seconds'])} to convert, {fmt_bytes(c['pack_bytes'])} of disk"

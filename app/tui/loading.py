@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from typing import Any
 
 from textual.message import Message
@@ -30,6 +31,31 @@ class LoadDone(Message):
         self.seq, self.model, self.error, self.spec = seq, model, error, spec
 
 
+class ConversionClock:
+    """Time left in a conversion: from the rate measured on this machine until the
+    conversion has run long enough to measure its own (engine/pack_cost.py)."""
+
+    def __init__(self):
+        self.t0, self.done0, self.rate = time.monotonic(), None, None
+
+    def left(self, done: int, total: int) -> str:
+        from ...engine.pack_cost import converter_rate, fmt_duration
+
+        if self.done0 is None or done < self.done0:
+            self.t0, self.done0 = time.monotonic(), done
+        dt = time.monotonic() - self.t0
+        if dt >= 3 and done > self.done0:
+            rate = (done - self.done0) / dt
+        else:
+            if self.rate is None:
+                try:
+                    self.rate = converter_rate()[0]
+                except Exception:  # no estimate is better than a failed load
+                    self.rate = 0.0
+            rate = self.rate
+        return f" · about {fmt_duration((total - done) / rate)} left" if rate > 0 and done < total else ""
+
+
 class ModelLoading:
     def load(self, spec: str) -> None:
         if self.defer_while_generating(self.load, spec):
@@ -39,6 +65,7 @@ class ModelLoading:
         seq = self._load_seq
         self.is_loading = True
         self.load_cancel = threading.Event()
+        self._convert_clock = None
         self.query_one("#loading").display = True
         self.query_one("#load-what", Static).update(f"loading {spec} …")
         self.query_one("#load-bar", ProgressBar).update(total=None, progress=0)
@@ -64,7 +91,11 @@ class ModelLoading:
         self.run_worker(work, thread=True, group="load", exclusive=True)
 
     def on_load_progress(self, ev: LoadProgress) -> None:
-        self.query_one("#load-what", Static).update(progress_label(ev.what, ev.done, ev.total))
+        label = progress_label(ev.what, ev.done, ev.total)
+        if ev.what == "convert" and ev.total:
+            self._convert_clock = clock = getattr(self, "_convert_clock", None) or ConversionClock()
+            label += clock.left(ev.done, ev.total)
+        self.query_one("#load-what", Static).update(label)
         self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
 
     async def on_load_done(self, ev: LoadDone) -> None:
@@ -87,7 +118,8 @@ class ModelLoading:
             gc.collect()
         self.model = ev.model
         for n in getattr(ev.model, "notes", ()):
-            self.note(plain_note(n))
+            if plain_note(n):  # "" for notes whose news the loading panel gave live
+                self.note(plain_note(n))
         self.app.store.set_state("last_model", ev.spec)
         self.status.set_model(self.model.name, self.model.placement)
         self._set_title()

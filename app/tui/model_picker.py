@@ -20,7 +20,7 @@ def available_models() -> list[tuple[str, str]]:
 
     demo = demo_cache_path()
     built = f"{fmt_bytes(demo.stat().st_size)}" if demo.is_file() else "built on first use"
-    out = [("demo", f"demo · {DEMO_NAME} · {built}")]
+    out = [("demo", f"demo · {DEMO_NAME} · {built}{_first_use(demo) if demo.is_file() else ''}")]
     try:
         from ...engine.hub import list_cached
 
@@ -31,10 +31,32 @@ def available_models() -> list[tuple[str, str]]:
             state = "" if m.complete else f" · INCOMPLETE ({len(m.missing)} part(s) missing)"
             # an honest bound until the placement planner can say more: the file against DRAM
             fit = f" · larger than this machine's DRAM ({fmt_bytes(dram)})" if m.size > dram else ""
-            out.append((m.spec, f"{m.spec} · {fmt_bytes(m.size)} · HF cache{state}{fit}"))
+            first = _first_use(m.files[0]) if m.complete and m.files else ""
+            out.append((m.spec, f"{m.spec} · {fmt_bytes(m.size)} · HF cache{state}{fit}{first}"))
     except Exception as e:  # a damaged cache must not keep the picker from opening
         out.append(("", f"(Hugging Face cache unreadable: {type(e).__name__})"))
     return out
+
+
+def _first_use(path) -> str:
+    """' · first use: about 25 min to convert, 17.6 GiB of disk' until the model's pack is made."""
+    from ...engine.pack_cost import first_use_label
+
+    try:
+        label = first_use_label(path)
+    except Exception:  # a damaged file says so when it is loaded, not here
+        return ""
+    return f" · {label}" if label else ""
+
+
+def _conversion(sizes) -> str:
+    """' · then about 25 min to convert, 17.6 GiB of disk' (the converter's rate on this machine)."""
+    from ...engine.pack_cost import fmt_duration, sizes_cost
+
+    if not sizes.n_moe_layers:
+        return ""
+    c = sizes_cost(sizes)
+    return f" · then about {fmt_duration(c['seconds'])} to convert, {fmt_bytes(c['pack_bytes'])} of disk"
 
 
 def recommended_models(hw=None) -> list[tuple[str, str]]:
@@ -48,7 +70,7 @@ def recommended_models(hw=None) -> list[tuple[str, str]]:
         p = r.plan
         where = "CPU-centric" if p.mode == "cpu" else f"{p.mode}, W_Q {p.wq_cache_fraction:.0%} on GPU"
         fit = f"fits ({where})" if p.fits else "does not fit: " + "; ".join(p.over_budget())
-        out.append((r.spec, f"{r.title} · ≈{fmt_bytes(r.sizes.source_bytes)} · {fit}"))
+        out.append((r.spec, f"{r.title} · ≈{fmt_bytes(r.sizes.source_bytes)} · {fit}{_conversion(r.sizes)}"))
     return out
 
 

@@ -27,6 +27,7 @@ _NOTES: list[tuple[re.Pattern, str]] = [
     (re.compile(r"UMIA: default profile\b"),
      "Using standard speed settings for this model. Optional: `rapidmoe-chat calibrate` "
      "tunes them to this model and computer."),
+    (re.compile(r"^first use of this model: converting"), ""),  # the loading panel shows the time left
     (re.compile(r"converted ([\d.]+) M expert weights in ([\d.]+) s\b"),
      "Prepared the model for fast CPU use in {1} s. This happens once: later starts skip it."),
     (re.compile(r"resuming the conversion \((\d+) of (\d+) layers done\)"),
