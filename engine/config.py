@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -13,6 +14,7 @@ SUPPORTED_ARCHS = ("qwen3moe", "qwen2moe", "llama", "olmoe", "deepseek2")
 # "neox" rotates (x_i, x_{i+d/2}).
 ROPE_STYLE = {"llama": "norm", "deepseek2": "norm", "qwen3moe": "neox", "qwen2moe": "neox", "olmoe": "neox"}
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+MAX_EXPERTS = 4096  # llama.cpp stops at 512 routed experts; 4096 leaves room and bounds every table
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,21 @@ def _scalar(v):
     return v
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "a bool", str: "a string"}
+
+
+def _typed(path: str, key: str, v: Any, kind):
+    """A value of the type llama.cpp reads the key as (an integer key holding
+    2.5 or "synthetic-..." is refused, not rounded or parsed)."""
+    ok = {int: lambda: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+          bool: lambda: isinstance(v, bool), str: lambda: isinstance(v, str)}[kind]()
+    if not ok:
+        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+        raise ModelFileError(path, f"{key} is {shown}, expected {_KIND_NAMES[kind]}")
+    return kind(v)
+
+
 def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> ModelConfig:
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
@@ -71,13 +88,12 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
             return default
         v = _scalar(meta[full])
         if isinstance(v, list):  # per-layer arrays: we need them uniform
-            if not v or any(x != v[0] for x in v):
+            if not v:
+                raise ModelFileError(path, f"{full} is an empty array, expected {_KIND_NAMES[kind]}")
+            if any(x != v[0] for x in v):
                 raise ModelFileError(path, f"per-layer values of {full} differ; not supported")
             v = v[0]
-        try:
-            return kind(v)
-        except (TypeError, ValueError):
-            raise ModelFileError(path, f"bad value for {full}: {v!r}") from None
+        return _typed(path, full, v, kind)
 
     n_embd = key("embedding_length")
     n_head = key("attention.head_count")
@@ -87,7 +103,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     n_expert = key("expert_count", 0)
     n_ff = key("feed_forward_length", 0)
     tokens = meta.get("tokenizer.ggml.tokens")
-    n_vocab = key("vocab_size", len(tokens) if tokens is not None else 0)
+    n_vocab = key("vocab_size", len(tokens) if isinstance(tokens, list) else 0)
     scale = key("rope.scaling.factor", 0.0, float) or key("rope.scale_linear", 0.0, float)
     if meta.get(f"{arch}.rope.scaling.type") == "none":  # llama.cpp never scales then
         scale = 0.0
@@ -173,12 +189,29 @@ def _validate(c: ModelConfig, path: str) -> None:
 
     if not 0 < c.n_layer <= 512:
         bad(f"bad block_count {c.n_layer}")
+    # bounds no real model comes near, so that nothing sized from them can be absurd
+    for name, v, lo, hi in (("attention.key_length", c.head_dim, 1, 1 << 14),
+                            ("attention.value_length", c.head_dim_v, 1, 1 << 14),
+                            ("vocabulary size", c.n_vocab, 0, 1 << 24), ("context_length", c.n_ctx_train, 1, 1 << 28),
+                            ("expert_count", c.n_expert, 0, MAX_EXPERTS), ("feed_forward_length", c.n_ff, 0, 1 << 20),
+                            ("expert_feed_forward_length", c.n_ff_exp, 0, 1 << 20),
+                            ("shared expert FFN width", c.n_ff_shexp, 0, 1 << 22),
+                            ("expert_shared_count", c.n_expert_shared, 0, MAX_EXPERTS),
+                            ("leading_dense_block_count", c.n_layer_dense_lead, 0, c.n_layer),
+                            ("expert_group_count", c.n_expert_groups, 0, MAX_EXPERTS),
+                            ("expert_group_used_count", c.n_group_used, 0, MAX_EXPERTS)):
+        if not lo <= v <= hi:
+            bad(f"{c.arch}.{name} is {v}, expected {lo}..{hi}" if not name.startswith(("vocab", "shared"))
+                else f"{name} is {v}, expected {lo}..{hi}")
+    if not c.rms_eps >= 0 or not c.rope_base > 0 or not c.rope_freq_scale > 0 or c.attn_scale < 0:
+        bad(f"bad layer_norm_rms_epsilon / rope.freq_base / rope scaling / attention.scale "
+            f"({c.rms_eps}, {c.rope_base}, {1 / c.rope_freq_scale if c.rope_freq_scale else 0}, {c.attn_scale})")
     if c.n_head_kv <= 0 or c.n_head % c.n_head_kv:
         bad(f"head_count {c.n_head} is not a multiple of head_count_kv {c.n_head_kv}")
     if c.rope_dim <= 0 or c.rope_dim > c.head_dim or c.rope_dim % 2:
         bad(f"bad rope.dimension_count {c.rope_dim}")
     if c.n_vocab <= 0:
-        bad("no vocabulary (tokenizer.ggml.tokens missing)")
+        bad("no vocabulary (tokenizer.ggml.tokens missing, empty or not an array of strings)")
     if c.n_expert:
         if not 0 < c.n_expert_used <= c.n_expert:
             bad(f"expert_used_count {c.n_expert_used} does not fit expert_count {c.n_expert}")
@@ -198,5 +231,8 @@ def _validate(c: ModelConfig, path: str) -> None:
             bad("bad nextn_predict_layers / leading_dense_block_count")
         if c.get("attn_temp_scale") and c.get("attn_temp_length") <= 0:
             bad("attention.temperature_scale needs a positive attention.temperature_length")
+        for name in ("q_lora_rank", "kv_lora_rank", "n_layer_nextn", "yarn_orig_ctx", "attn_temp_length"):
+            if not 0 <= c.get(name) <= 1 << 20:
+                bad(f"bad {name} {c.get(name)}")
         if c.get("rope_scaling") not in ("none", "linear", "yarn"):
             bad(f"unsupported rope.scaling.type {c.get('rope_scaling')!r}")

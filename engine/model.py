@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig, config_from_metadata
+from .config import ModelConfig
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
+from .gguf.validate import check_model
 from .models import arch_module
 from .plan import PlanRequest
+from .plan_full import check_full_precision
 from .weights import Weights
 
 
@@ -69,7 +71,7 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     while a Hub model is pulled; log(str) gets one-off notes."""
     path = resolve_model_path(spec, progress=progress, download_progress=download_progress)
     gguf = GGUFFile(path)
-    cfg = config_from_metadata(gguf.metadata, str(path))
+    cfg = check_model(gguf)  # every key, tensor and tokenizer array, before anything is sized from them
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     if ctx <= 0:
         raise UserError(f"bad context size {ctx}")
@@ -78,6 +80,8 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     p = hw = None
     if critical is not None and cfg.n_expert:  # the plan first: one that does not fit is refused before all else
         p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
+    else:  # full precision allocates too (KV cache, f32 copies): the same refusal before any of it
+        check_full_precision(gguf, cfg, ctx, placement.dram_budget if placement else None)
     policy = _split_policy(cfg, critical, log, path) if critical is not None else None
     if policy is not None:
         from .pack import open_pack

@@ -123,7 +123,9 @@ def _layer_of(name: str) -> int | None:
 
 def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
     """Sizes from an open GGUF (a source model or a pack): only the header is read."""
-    cfg = config_from_metadata(g.metadata, str(g.path))
+    from .gguf.validate import check_model
+
+    cfg = check_model(g, tokenizer=False)  # every count below is checked against the file's tensors first
     if not cfg.n_expert:
         raise ModelFileError(g.path, "no routed experts: nothing to split or place (plan is for MoE models)")
     per_layer = [0] * cfg.n_layer

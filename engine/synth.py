@@ -69,12 +69,12 @@ def _nbytes(spec: TensorSpec, q: GGMLQuantizationType) -> int:
 
 
 def plan_synthetic(arch: str, *, dtype: str | None = None, expert_dtype: str | None = None,
-                   tokenizer: str = "smollm2", name: str | None = None,
+                   tokenizer: "str | tuple" = "smollm2", name: str | None = None,
                    **shape_overrides) -> SynthPlan:
     """The tensors (with ggml types) and metadata write_synthetic would write."""
     if dtype is not None:
         shape_overrides["dtype"] = dtype
-    tok = tokenizer_kvs(tokenizer)
+    tok = tokenizer_kvs(tokenizer) if isinstance(tokenizer, str) else tuple(tokenizer)  # or the KVs themselves
     layout = synth_deepseek2 if arch in synth_deepseek2.PRESETS else synth_arch
     shape = layout.resolve_shape(arch, n_vocab=vocab_size(tok), **shape_overrides)
     dense_q = _qtype(shape.dtype)

@@ -44,7 +44,7 @@ class StreamDecoder:
 class Tokenizer:
     def __init__(self, meta: Mapping[str, Any]):
         model = meta.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
+        if not isinstance(model, str) or model not in ("gpt2", "llama"):
             raise UserError(f"unsupported tokenizer model '{model}' (tokenizer.ggml.model): "
                             "only gpt2 (BPE) and llama (SentencePiece) vocabularies are supported")
         tokens = meta.get("tokenizer.ggml.tokens")

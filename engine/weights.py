@@ -10,9 +10,9 @@ from gguf.constants import GGMLQuantizationType as T
 from . import kernels
 from .errors import ModelFileError
 from .gguf.reader import GGUFFile
+from .gguf.validate import SUPPORTED_TYPES, same_shape
 
-SUPPORTED_TYPES = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-                   T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+__all__ = ["SUPPORTED_TYPES", "QWeight", "Weights", "dequantize"]
 
 
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -73,7 +73,7 @@ class Weights:
         t = self.gguf.tensors.get(name)
         if t is None:
             raise ModelFileError(self.path, f"missing tensor {name}")
-        if tuple(t.ne) != tuple(ne):
+        if not same_shape(t.ne, ne):  # trailing 1s aside, as llama.cpp compares them
             raise ModelFileError(self.path, f"tensor {name} has shape {list(t.ne)}, expected {list(ne)}")
         if t.ggml_type not in SUPPORTED_TYPES:
             raise ModelFileError(self.path, f"tensor {name}: unsupported type {t.type_name}")
@@ -83,7 +83,7 @@ class Weights:
     def get(self, name: str, *ne: int) -> torch.Tensor:
         """The tensor as float32, numpy-order shape (ne reversed)."""
         t = self.info(name, ne)
-        arr = dequantize(self.gguf.raw(name), t.ggml_type, t.shape)
+        arr = dequantize(self.gguf.raw(name), t.ggml_type, tuple(reversed(ne)))  # the shape asked for: {H, 1} -> [H]
         if arr.base is not None and not arr.flags.writeable:
             arr = arr.copy()  # never hand torch a view of the read-only mapping
         return torch.from_numpy(arr)
@@ -94,7 +94,7 @@ class Weights:
         t = self.info(name, ne)
         if t.ggml_type == T.F32:
             return self.get(name, *ne)
-        return QWeight(self.gguf.raw(name), t.ggml_type, t.shape)
+        return QWeight(self.gguf.raw(name), t.ggml_type, tuple(reversed(ne)))
 
     def opt(self, name: str, *ne: int) -> torch.Tensor | None:
         return self.get(name, *ne) if self.has(name) else None

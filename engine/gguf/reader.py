@@ -118,8 +118,8 @@ class _Cursor:
         raise ModelFileError(self.path, f"unknown value type {vtype} for key {key}")
 
 
-def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, dict]:
-    """-> (metadata, [(name, type, ne, rel_offset)], data_start, {key: (start, end) of its bytes})."""
+def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, dict, int]:
+    """-> (metadata, [(name, type, ne, rel_offset)], data_start, {key: (start, end) of its bytes}, alignment)."""
     c = _Cursor(buf, path, size)
     c.need(4, "magic")
     if bytes(buf[0:4]) != MAGIC:
@@ -140,6 +140,8 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, di
     for _ in range(n_kv):
         start = c.pos
         key = c.string("a metadata key")
+        if key in meta:  # llama.cpp refuses these too: which value would count is anyone's guess
+            raise ModelFileError(path, f"duplicate metadata key {key}")
         vtype = c.u32(key)
         meta[key] = c.value(vtype, key)
         spans[key] = (start, c.pos)
@@ -157,7 +159,7 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, di
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise ModelFileError(path, f"bad general.alignment {align!r}")
     data_start = (c.pos + align - 1) // align * align
-    return meta, infos, data_start, spans
+    return meta, infos, data_start, spans, align
 
 
 def _tensor_nbytes(path: str, name: str, ttype: int, ne: tuple[int, ...]) -> int:
@@ -200,7 +202,7 @@ class _Part:
             raise ModelFileError(path, "truncated file (too short for a GGUF header)")
         with open(path, "rb") as f:
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.meta, self.infos, self.data_start, self.kv_spans = _parse_header(str(path), self.mm, self.size)
+        self.meta, self.infos, self.data_start, self.kv_spans, self.align = _parse_header(str(path), self.mm, self.size)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -227,8 +229,13 @@ class GGUFFile:
             raise ModelFileError(self.path, f"split.count says {want} parts, found {len(parts)}")
         self.tensors: dict[str, TensorInfo] = {}
         for idx, part in enumerate(self._parts):
+            expect = 0  # as llama.cpp lays tensors out and checks them: one after another, each padded
             for name, ttype, ne, rel in part.infos:
                 nbytes = _tensor_nbytes(str(part.path), name, ttype, ne)
+                if rel != expect:
+                    raise ModelFileError(part.path, f"tensor {name} has data offset {rel}, expected {expect} "
+                                                    "(the previous tensor's end, padded to the alignment)")
+                expect += -(-nbytes // part.align) * part.align
                 start = part.data_start + rel
                 if start + nbytes > part.size:
                     raise ModelFileError(part.path, f"truncated file (tensor {name} needs bytes up to {start + nbytes}, file has {part.size})")

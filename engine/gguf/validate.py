@@ -1,0 +1,240 @@
+"""Every check a model file must pass before anything is sized from it, in one
+place: the hyperparameters (config.py), each tensor the architecture needs
+(presence, type, dimensions against the hyperparameters) and the tokenizer's
+arrays. A failed check is one ModelFileError naming the file, the tensor or
+key, what it has and what was expected.
+
+Shapes compare as llama.cpp compares them: both padded to four dimensions with
+1s, so a shared-expert gate stored as {n_embd, 1} is the {n_embd} vector it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+
+from ..config import ModelConfig, config_from_metadata
+from ..errors import ModelFileError
+from .reader import GGUFFile, TensorInfo
+
+# the types the engine computes with (weights.py dequantizes them; the kernels multiply them)
+SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
+                             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+I8 = 24  # a pack's raw byte tensors
+MAX_DIMS = 4
+
+
+@dataclass(frozen=True)
+class Need:
+    name: str
+    ne: tuple[int, ...]  # ggml order
+    required: bool = True
+    ggml_type: int | None = None  # None: any SUPPORTED_TYPES
+
+
+def padded(ne: tuple[int, ...]) -> tuple[int, ...]:
+    """ne with trailing 1s up to four dimensions (ggml keeps every tensor 4-D)."""
+    return tuple(ne) + (1,) * (MAX_DIMS - len(ne))
+
+
+def same_shape(have: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    return len(have) <= MAX_DIMS and len(want) <= MAX_DIMS and padded(have) == padded(want)
+
+
+def is_pack(meta: Mapping[str, Any]) -> bool:
+    return "rapidmoe.pack.version" in meta
+
+
+def _standard_layer(c: ModelConfig, il: int) -> list[Need]:
+    p, H, nh, nkv, hd, hdv = f"blk.{il}.", c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
+    bias = c.arch == "qwen2moe"
+    need = [Need(p + "attn_norm.weight", (H,)), Need(p + "ffn_norm.weight", (H,)),
+            Need(p + "attn_q.weight", (H, nh * hd)), Need(p + "attn_k.weight", (H, nkv * hd)),
+            Need(p + "attn_v.weight", (H, nkv * hdv)), Need(p + "attn_output.weight", (nh * hdv, H)),
+            Need(p + "attn_q.bias", (nh * hd,), bias), Need(p + "attn_k.bias", (nkv * hd,), bias),
+            Need(p + "attn_v.bias", (nkv * hdv,), bias)]
+    if c.arch == "qwen3moe":
+        need += [Need(p + "attn_q_norm.weight", (hd,)), Need(p + "attn_k_norm.weight", (hd,))]
+    elif c.arch == "olmoe":
+        need += [Need(p + "attn_q_norm.weight", (nh * hd,)), Need(p + "attn_k_norm.weight", (nkv * hd,))]
+    if not c.n_expert:
+        return need + _dense_ffn(c, il)
+    need += [Need(p + "ffn_gate_inp.weight", (H, c.n_expert))]
+    if c.arch == "qwen2moe":
+        ff = c.n_ff_shexp or c.n_ff
+        need += [Need(p + "ffn_gate_inp_shexp.weight", (H,)), *_shared(c, il, ff)]
+    return need
+
+
+def _dense_ffn(c: ModelConfig, il: int) -> list[Need]:
+    p, H, ff = f"blk.{il}.", c.n_embd, c.n_ff
+    return [Need(p + "ffn_gate.weight", (H, ff)), Need(p + "ffn_up.weight", (H, ff)),
+            Need(p + "ffn_down.weight", (ff, H))]
+
+
+def _shared(c: ModelConfig, il: int, ff: int) -> list[Need]:
+    p, H = f"blk.{il}.", c.n_embd
+    return [Need(p + "ffn_gate_shexp.weight", (H, ff)), Need(p + "ffn_up_shexp.weight", (H, ff)),
+            Need(p + "ffn_down_shexp.weight", (ff, H))]
+
+
+def _deepseek2_layer(c: ModelConfig, il: int) -> list[Need]:
+    p, H, nh = f"blk.{il}.", c.n_embd, c.n_head
+    kv, rd, hk, hv = c.get("kv_lora_rank"), c.rope_dim, c.get("head_dim_k_mla"), c.get("head_dim_v_mla")
+    nope, q_lora = hk - rd, c.get("q_lora_rank")
+    need = [Need(p + "attn_norm.weight", (H,)), Need(p + "ffn_norm.weight", (H,)),
+            Need(p + "attn_kv_a_mqa.weight", (H, kv + rd)), Need(p + "attn_kv_a_norm.weight", (kv,)),
+            Need(p + "attn_output.weight", (nh * hv, H))]
+    if q_lora:
+        need += [Need(p + "attn_q_a.weight", (H, q_lora)), Need(p + "attn_q_a_norm.weight", (q_lora,)),
+                 Need(p + "attn_q_b.weight", (q_lora, nh * hk))]
+    else:
+        need += [Need(p + "attn_q.weight", (H, nh * hk))]
+    if c.get("mla"):
+        need += [Need(p + "attn_k_b.weight", (nope, kv, nh)), Need(p + "attn_v_b.weight", (kv, hv, nh))]
+    else:
+        need += [Need(p + "attn_kv_b.weight", (kv, nh * (nope + hv)))]
+    if il < c.n_layer_dense_lead:
+        return need + _dense_ffn(c, il)
+    need += [Need(p + "ffn_gate_inp.weight", (H, c.n_expert)), Need(p + "exp_probs_b.bias", (c.n_expert,), False)]
+    if c.n_ff_shexp:
+        need += _shared(c, il, c.n_ff_shexp)
+    return need
+
+
+def _experts(c: ModelConfig, il: int, pack: bool) -> list[Need]:
+    p, H, ff, E = f"blk.{il}.", c.n_embd, c.n_ff_exp, c.n_expert
+    if not pack:
+        return [Need(p + "ffn_gate_exps.weight", (H, ff, E)), Need(p + "ffn_up_exps.weight", (H, ff, E)),
+                Need(p + "ffn_down_exps.weight", (ff, H, E))]
+    from .. import kernels
+
+    out = []
+    for kind, fmt in (("gate", "wq"), ("gate", "wr"), ("up", "wq"), ("up", "wr"), ("down", "wq"), ("down", "d4")):
+        rows, n = (H, ff) if kind == "down" else (ff, H)
+        out.append(Need(f"{p}ffn_{kind}_exps.{fmt}", (kernels.resplit_row_bytes(fmt, n), rows, E), ggml_type=I8))
+    return out
+
+
+def expected_tensors(c: ModelConfig, pack: bool = False) -> list[Need]:
+    """Every tensor the engine reads for this configuration, with its ggml shape."""
+    H, V = c.n_embd, c.n_vocab
+    need = [Need("token_embd.weight", (H, V)), Need("output_norm.weight", (H,)), Need("output.weight", (H, V), False)]
+    for il in range(c.n_layer):
+        need += _deepseek2_layer(c, il) if c.arch == "deepseek2" else _standard_layer(c, il)
+        moe = c.n_expert and not (c.arch == "deepseek2" and il < c.n_layer_dense_lead)
+        if moe:
+            need += _experts(c, il, pack)
+    return need
+
+
+def check_tensors(g: GGUFFile, c: ModelConfig) -> None:
+    path, pack = g.path, is_pack(g.metadata)
+    for n in expected_tensors(c, pack):
+        t: TensorInfo | None = g.tensors.get(n.name)
+        if t is None:
+            if n.required:
+                raise ModelFileError(path, f"missing tensor {n.name} (expected shape {list(n.ne)}){_hint(g, n.name)}")
+            continue
+        if not same_shape(t.ne, n.ne):
+            raise ModelFileError(path, f"tensor {n.name} has shape {list(t.ne)}, expected {list(n.ne)}")
+        ok = t.ggml_type == n.ggml_type if n.ggml_type is not None else t.ggml_type in SUPPORTED_TYPES
+        if not ok:
+            want = "I8" if n.ggml_type == I8 else "one of " + ", ".join(sorted(x.name for x in SUPPORTED_TYPES))
+            raise ModelFileError(path, f"tensor {n.name} has unsupported type {t.type_name}, expected {want}")
+
+
+def _hint(g: GGUFFile, name: str) -> str:
+    fused = name.replace("ffn_gate_exps", "ffn_gate_up_exps").replace("ffn_up_exps", "ffn_gate_up_exps")
+    if fused != name and fused in g.tensors:
+        return f"; the file has the fused {fused}, which this version does not read"
+    return ""
+
+
+# ---- tokenizer metadata ----
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"an array of {v.dtype}"
+    if isinstance(v, list):
+        return "an array of strings"
+    return {str: "a string", bool: "a bool", int: "an integer", float: "a float"}.get(type(v), type(v).__name__)
+
+
+def check_tokenizer(meta: Mapping[str, Any], path: Any, n_vocab: int | None = None) -> None:
+    """The tokenizer.* keys: types, lengths and ranges (as llama.cpp reads them)."""
+    def bad(key: str, msg: str):
+        raise ModelFileError(path, f"{key}: {msg}")
+
+    p = "tokenizer.ggml."
+    model = meta.get(p + "model")
+    if not isinstance(model, str) or model not in ("gpt2", "llama"):
+        has = repr(model) if isinstance(model, str) else _kind(model) if model is not None else "missing"
+        bad(p + "model", f"is {has}, expected gpt2 (BPE) or llama (SentencePiece): the vocabularies this version reads")
+    tokens = meta.get(p + "tokens")
+    if not isinstance(tokens, list):
+        bad(p + "tokens", f"is {_kind(tokens) if tokens is not None else 'missing'}, expected an array of strings")
+    n = len(tokens)
+    if n == 0:
+        bad(p + "tokens", "is empty")
+    if n_vocab is not None and n != n_vocab:
+        bad(p + "tokens", f"has {n} tokens, expected {n_vocab} (the vocabulary size of the model's tensors)")
+    for key, numeric in (("scores", np.floating), ("token_type", np.integer)):
+        v = meta.get(p + key)
+        if v is None:
+            continue
+        if not isinstance(v, np.ndarray) or not np.issubdtype(v.dtype, numeric):
+            bad(p + key, f"is {_kind(v)}, expected an array of {'floats' if key == 'scores' else 'integers'}")
+        if len(v) < n:  # (a type llama.cpp does not know just makes an undefined token, as there)
+            bad(p + key, f"has {len(v)} entries, expected {n} (one per token)")
+    names = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # llama.cpp's names for empty ones
+    if len(set(names)) != n:  # llama.cpp asserts on these: an id per text, a text per id
+        seen: set[str] = set()
+        dup = next(t for t in names if t in seen or seen.add(t))
+        bad(p + "tokens", f"holds {dup!r} more than once, expected each token once")
+    merges = meta.get(p + "merges")
+    if merges is not None and not isinstance(merges, list):
+        bad(p + "merges", f"is {_kind(merges)}, expected an array of strings")
+    pre = meta.get(p + "pre")
+    if pre is not None and not isinstance(pre, str):
+        bad(p + "pre", f"is {_kind(pre)}, expected a string")
+    if model == "gpt2":
+        if merges is None:
+            bad(p + "merges", "is missing, expected the merges of the BPE vocabulary")
+        from ..errors import UserError
+        from ..pretokenize import pre_settings
+
+        try:
+            pre_settings(pre)
+        except UserError as e:
+            raise ModelFileError(path, str(e)) from None
+    for key in ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "cls", "mask", "fim_pre", "fim_suf",
+                "fim_mid", "fim_pad", "fim_rep", "fim_sep", "prefix", "suffix", "middle"):
+        v = meta.get(f"{p}{key}_token_id")
+        if v is not None and not _is_int(v):
+            bad(f"{p}{key}_token_id", f"is {_kind(v)}, expected an integer token id")
+    for key in ("add_bos_token", "add_eos_token", "add_space_prefix", "remove_extra_whitespaces"):
+        v = meta.get(p + key)
+        if v is not None and not isinstance(v, (bool, np.bool_)):
+            bad(p + key, f"is {_kind(v)}, expected a bool")
+    tmpl = meta.get("tokenizer.chat_template")
+    if tmpl is not None and not isinstance(tmpl, str):
+        bad("tokenizer.chat_template", f"is {_kind(tmpl)}, expected a string")
+
+
+def check_model(g: GGUFFile, tokenizer: bool = True) -> ModelConfig:
+    """A model file's configuration once every check has passed. tokenizer=False
+    leaves the tokenizer out (planning and converting never read it)."""
+    cfg = config_from_metadata(g.metadata, str(g.path))
+    if tokenizer:
+        check_tokenizer(g.metadata, g.path)
+    check_tensors(g, cfg)
+    if tokenizer:
+        check_tokenizer(g.metadata, g.path, cfg.n_vocab)
+    return cfg
