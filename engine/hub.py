@@ -11,11 +11,12 @@ appears in our messages.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
+from huggingface_hub import get_token
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -26,6 +27,7 @@ from huggingface_hub.errors import (
 )
 
 from . import hub_cache as hc
+from . import hub_http
 from .errors import UserError
 from .hub_cache import CachedModel, hub_cache_dir, list_cached
 from .hub_download import DownloadProgress, ProgressFn, _Rate, fetch_blob, same_origin
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 _NET_ERRORS = (httpx2.TransportError, OfflineModeIsEnabled)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PROTOCOL_ERRORS = (httpx2.TooManyRedirects, httpx2.DecodingError, httpx2.InvalidURL)
 
 
 def _redact(text: str) -> str:
@@ -59,6 +63,13 @@ def _hub_error(repo: str, e: Exception, tail: str = "") -> UserError:
         return UserError(f"{repo}: not found on {ep} ({type(e).__name__})")
     if isinstance(e, HfHubHTTPError) and e.response is not None:
         return UserError(_redact(f"{ep} answered HTTP {e.response.status_code} for {repo}"))
+    if isinstance(e, httpx2.TimeoutException):
+        t = hub_http.timeout_s()
+        return UserError(_redact(f"no answer from {ep} within {t:g} s ({type(e).__name__}; "
+                                 f"RAPIDMOE_HUB_TIMEOUT sets the wait){tail}"))
+    if isinstance(e, _PROTOCOL_ERRORS):
+        return UserError(_redact(f"{ep} answered in a way no Hugging Face Hub does "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]}){tail}"))
     return UserError(_redact(f"cannot reach {ep} ({type(e).__name__}){tail}"))
 
 
@@ -98,34 +109,44 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
     if offline or hc.env_offline():
         return _cached_ref(repo, quant, "offline mode is on (--offline / HF_HUB_OFFLINE)")
     try:
-        info = HfApi(endpoint=hc.hub_endpoint()).model_info(repo, files_metadata=True)
+        info = hub_http.model_info(hc.hub_endpoint(), repo)
     except _NET_ERRORS as e:
         # No network: a fully cached copy still works, like huggingface_hub's own fallback.
         try:
             return _cached_ref(repo, quant, "the Hub cannot be reached")
         except UserError:
             raise _hub_error(repo, e, f" and {repo} is not in the Hugging Face cache") from None
-    except HfHubHTTPError as e:
+    except (HfHubHTTPError, *_PROTOCOL_ERRORS) as e:
         raise _hub_error(repo, e) from None
-    if not info.sha:
+    if not info.commit:
         raise UserError(f"{hc.hub_endpoint()} gave no commit for {repo}; is HF_ENDPOINT a Hugging Face Hub?")
-    sib = {s.rfilename: s for s in info.siblings or []}
-    g = select_quant(repo, list(sib), quant)
-    return ModelRef(
-        repo,
-        g.label,
-        g.files,
-        tuple(sib[f].size for f in g.files),
-        tuple(sib[f].lfs.sha256 if sib[f].lfs else None for f in g.files),
-        info.sha,
-    )
+    g = select_quant(repo, list(info.files), quant)
+    files = {f: info.files[f] for f in g.files}
+    if any(x.size is None for x in files.values()):
+        files = _tree_files(repo, info.commit, files)
+    return ModelRef(repo, g.label, g.files, tuple(files[f].size for f in g.files),
+                    tuple(files[f].sha256 for f in g.files), info.commit)
+
+
+def _tree_files(repo: str, commit: str, files: dict) -> dict:
+    """Sizes (and LFS sha256s) the model-info answer left out, from the tree API: a
+    download is checked against them before it counts as complete."""
+    out = dict(files)
+    for folder in sorted({f.rpartition("/")[0] for f, x in files.items() if x.size is None}):
+        try:
+            listed = hub_http.tree(hc.hub_endpoint(), repo, commit, folder)
+        except (HfHubHTTPError, *_NET_ERRORS, *_PROTOCOL_ERRORS) as e:
+            raise _hub_error(repo, e) from None
+        for f, x in files.items():
+            if x.size is None and f in listed:
+                out[f] = hub_http.RepoFile(listed[f].size, x.sha256 or listed[f].sha256)
+    return out
 
 
 def _head(ref: ModelRef, f: str, endpoint: str):
-    url = hf_hub_url(ref.repo, f, revision=ref.revision, endpoint=endpoint)
     try:
-        meta = get_hf_file_metadata(url, endpoint=endpoint)
-    except (HfHubHTTPError, *_NET_ERRORS) as e:
+        meta = hub_http.file_meta(endpoint, ref.repo, ref.revision, f)
+    except (HfHubHTTPError, *_NET_ERRORS, *_PROTOCOL_ERRORS) as e:
         raise _hub_error(ref.repo, e) from None
     if not meta.etag:
         raise UserError(f"{endpoint} gave no ETag for {ref.repo}/{f}; is HF_ENDPOINT a Hugging Face Hub?")
@@ -190,6 +211,10 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
         n = pointer.stat().st_size
         report(n, n, True)
         return
+    sha256 = (ref.sha256[i] if ref.sha256 else None) or meta.etag
+    if size is None and not _SHA256.match(sha256 or ""):
+        raise UserError(f"{ref.repo}/{f}: {endpoint} gives neither its size nor its sha256, so a download "
+                        "could not be checked; is HF_ENDPOINT a Hugging Face Hub?")
     folder = hc.repo_dir(ref.repo)
     blob = folder / "blobs" / meta.etag
     for attempt in (0, 1):
@@ -200,12 +225,12 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
                 blob=blob,
                 lock_path=hub_cache_dir() / ".locks" / folder.name / f"{meta.etag}.lock",
                 size=size,
-                sha256=(ref.sha256[i] if ref.sha256 else None) or meta.etag,
+                sha256=sha256,
                 report=report,
                 filename=f,
             )
             break
-        except (HfHubHTTPError, *_NET_ERRORS) as e:
+        except (HfHubHTTPError, *_NET_ERRORS, *_PROTOCOL_ERRORS) as e:
             # A signed CDN link can expire during a long pull: ask the Hub for a fresh one, once.
             status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
             if attempt == 0 and status in (401, 403) and not same_origin(meta.location, endpoint):

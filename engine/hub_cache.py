@@ -74,8 +74,10 @@ def write_ref(repo: str, revision: str, commit: str) -> None:
         return
     ref = repo_dir(repo) / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
-    if not ref.is_file() or ref.read_text().strip() != commit:
-        ref.write_text(commit)
+    if not ref.is_file() or ref.read_text(errors="replace").strip() != commit:
+        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, ref)  # a kill mid-write never leaves a half-written ref
 
 
 def link_pointer(blob: Path, pointer: Path) -> None:

@@ -16,17 +16,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlsplit
 
 import httpx2
-from huggingface_hub import constants
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import WeakFileLock, build_hf_headers, get_session, hf_raise_for_status
 
 from .errors import UserError
+from .hub_http import client_timeout, same_origin, short, timeout_s
 
 _PIECE_LOG_S = 0.1  # at most this often a progress report mid-file
 _RETRIES = 5  # consecutive failed attempts without new bytes before giving up
+_ATTEMPTS = 30  # requests for one file in one run, whatever they brought
+_STALLS = 3  # read timeouts (a server that stops sending) for one file in one run
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -61,11 +62,6 @@ class _Rate:
             self.samples.pop(0)
         (t0, d0) = self.samples[0]
         return (done - d0) / (t - t0) if t > t0 else 0.0
-
-
-def same_origin(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
 
 
 def fetch_blob(
@@ -127,30 +123,42 @@ def _fetch_part(url: str, endpoint: str, part: Path, size: int | None, sha256: s
     headers = build_hf_headers() if same_origin(url, endpoint) else build_hf_headers(token=False)
     headers["Accept-Encoding"] = "identity"
     st = _State(done, size, hasher)
-    failures = 0
+    failures = stalls = 0
     with part.open("ab") as out:
-        while st.size is None or st.done < st.size:
+        for attempt in range(1, _ATTEMPTS + 1):
             before = st.done
             try:
-                _stream(url, headers, out, st, resumed_from, report)
-                if st.size is None:
+                _stream(url, headers, out, st, resumed_from, report, name)
+                if st.size is None or st.done >= st.size:
                     break
+                # the body ended early without an error (no Content-Length, or a server
+                # that closes): a dropped line like any other, resumed with Range
+                err: Exception = _EndedEarly(f"the body ended at byte {st.done} of {st.size}")
             except (httpx2.TransportError, HfHubHTTPError) as e:
                 status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else 0
                 if isinstance(e, HfHubHTTPError) and status < 500 and status != 429:
                     raise
-                failures = 0 if st.done > before else failures + 1
-                if failures >= _RETRIES:
-                    raise UserError(
-                        f"download of {name} keeps failing ({type(e).__name__}); "
-                        "the partial file is kept: run the same command again to resume"
-                    ) from None
-                time.sleep(0.25 * 2**failures)
+                err = e
+            except httpx2.TooManyRedirects:
+                raise UserError(f"{short(url)} redirects in a loop; is HF_ENDPOINT a Hugging Face Hub?") from None
             except OSError as e:  # disk full, permissions: the partial stays for a later resume
                 raise UserError(f"cannot write {part}: {e.strerror or e} (partial download kept)") from None
+            failures = 0 if st.done > before else failures + 1
+            stalls += isinstance(err, httpx2.TimeoutException)
+            if failures >= _RETRIES or stalls >= _STALLS or attempt == _ATTEMPTS:
+                why = (f"no bytes for {timeout_s():g} s, {stalls} times" if stalls >= _STALLS
+                       else f"{attempt} requests" if attempt == _ATTEMPTS
+                       else str(err) if isinstance(err, _EndedEarly) else type(err).__name__)
+                raise UserError(f"download of {name} keeps failing ({why}); "
+                                "the partial file is kept: run the same command again to resume")
+            time.sleep(min(0.25 * 2**failures, 2.0, timeout_s()))
     if st.size is not None and st.done != st.size:
         raise UserError(f"{name}: got {st.done} bytes, expected {st.size} ({part} kept)")
     return st.done, resumed_from, st.hasher.hexdigest() if st.hasher else None
+
+
+class _EndedEarly(Exception):
+    pass
 
 
 @dataclass
@@ -160,13 +168,12 @@ class _State:
     hasher: "hashlib._Hash | None"
 
 
-def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report) -> None:
+def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report, name: str) -> None:
     """One GET (with Range when resuming), appending to `out` and updating `st` as bytes land."""
     h = dict(headers)
     if st.done:
         h["Range"] = f"bytes={st.done}-"
-    timeout = httpx2.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=constants.HF_HUB_ETAG_TIMEOUT)
-    with get_session().stream("GET", url, headers=h, timeout=timeout) as r:
+    with get_session().stream("GET", url, headers=h, timeout=client_timeout(), follow_redirects=True) as r:
         if r.status_code == 416:  # the partial does not fit the file any more: start over
             out.seek(0)
             out.truncate()
@@ -183,8 +190,14 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report)
             m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", r.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != st.done:
                 raise UserError(f"{url.split('?')[0]}: server answered a resume with a wrong range")
-        if st.size is None and r.headers.get("Content-Length"):
-            st.size = st.done + int(r.headers["Content-Length"])
+        length = r.headers.get("Content-Length", "")
+        length = int(length) if length.isdigit() else None
+        if r.status_code == 200 and st.size is not None and length is not None and length != st.size:
+            kind = r.headers.get("Content-Type", "no content type").split(";")[0]
+            raise UserError(f"{name}: {short(url)} sent {length} bytes of {kind} for a file of {st.size} "
+                            "bytes; is HF_ENDPOINT a Hugging Face Hub?")
+        if st.size is None and length is not None:
+            st.size = st.done + length
         last = time.monotonic()
         for piece in r.iter_bytes():
             out.write(piece)

@@ -10,6 +10,11 @@ CDN origin (another port, so a different origin: no auth header may reach it):
   GET  /lfs/{sha256}  with Range -> 206 + Content-Range
 Errors carry X-Error-Code (RepoNotFound, GatedRepo, EntryNotFound, RevisionNotFound)
 as huggingface_hub's error mapping expects.
+
+Misbehaviours on demand (attributes of FakeHub): an API that never answers, an HTML
+page for every request, garbage JSON, redirect loops, a CDN that stalls after part of
+every body or never sends past a byte, files served without any size; and
+black_hole(), a port that never accepts a connection.
 """
 from __future__ import annotations
 
@@ -58,6 +63,15 @@ class FakeHub:
         self.ignore_range = False  # answer 200 + the whole file to a Range request
         self.expire_on_cut = False  # a cut also expires the signed CDN link it used (403 after)
         self.expired: set[str] = set()  # signatures the CDN refuses
+        self.api_stall = False  # /api/ requests get no answer (until release)
+        self.html_everywhere = False  # every request: 200 and a short HTML page
+        self.garbage_json: bytes | None = None  # /api/ answers: 200, application/json, these bytes
+        self.redirect_loop: str | None = None  # "api", "resolve" or "cdn": redirects to itself
+        self.stall_every: float | None = None  # each CDN body stalls after this fraction of it
+        self.cut_at: int | None = None  # the CDN never sends past this byte of a file (closes there)
+        self.no_sizes = False  # no size anywhere but the tree API: no blobs sizes, no lengths
+        self.on_sent = None  # called with the CDN's running byte count as bytes go out
+        self.sent = 0
         self._sig = 0
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
@@ -163,6 +177,17 @@ def _make_handler(hub: FakeHub, origin: str):
         def _route(self) -> None:
             url = urlsplit(self.path)
             path, query = unquote(url.path), parse_qs(url.query)
+            if hub.html_everywhere:
+                return self._send(200, b"<html><body>Sign in</body></html>", {"Content-Type": "text/html"})
+            where = "cdn" if origin == "cdn" else "api" if path.startswith("/api/") else "resolve"
+            if hub.redirect_loop == where:
+                return self._send(302, b"", {"Location": self.path})
+            if where == "api" and hub.api_stall:
+                hub.release.wait(20)
+                self.close_connection = True
+                return
+            if where == "api" and hub.garbage_json is not None:
+                return self._send(200, hub.garbage_json, {"Content-Type": "application/json"})
             if origin == "cdn":
                 m = re.fullmatch(r"/lfs/([0-9a-f]{64})", path)
                 sig = query.get("X-Amz-Signature", [""])[0]
@@ -195,7 +220,7 @@ def _make_handler(hub: FakeHub, origin: str):
 
         def _sibling(self, r: Repo, p: str, blobs: bool) -> dict:
             d: dict = {"rfilename": p}
-            if blobs:
+            if blobs and not hub.no_sizes:
                 sha = hashlib.sha256(r.files[p]).hexdigest()
                 d.update(size=r.size(p), blobId=hashlib.sha1(r.files[p]).hexdigest())
                 if r.is_lfs(p):
@@ -254,8 +279,9 @@ def _make_handler(hub: FakeHub, origin: str):
                 with hub._lock:
                     hub._sig += 1
                     loc = f"{hub.cdn}/lfs/{sha}?X-Amz-Signature=s{hub._sig}"
+                sized = {} if hub.no_sizes else {"X-Linked-Size": str(r.size(p))}
                 self._send(302, b"", {**common, "Location": loc, "ETag": f'"{git_oid}"',
-                                      "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(r.size(p))})
+                                      "X-Linked-Etag": f'"{sha}"', **sized})
                 return
             self._send(200, content, {**common, "ETag": f'"{git_oid}"', "Content-Type": "application/octet-stream"})
 
@@ -271,8 +297,14 @@ def _make_handler(hub: FakeHub, origin: str):
                 if start >= len(content):
                     return self._send(416, b"", {"Content-Range": f"bytes */{len(content)}"})
             body = content[start:]
+            if hub.cut_at is not None:
+                body = body[: max(0, hub.cut_at - start)]
             self.send_response(206 if rng else 200)
-            self.send_header("Content-Length", str(len(body)))
+            if hub.no_sizes:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            else:
+                self.send_header("Content-Length", str(len(body)))
             self.send_header("Content-Type", "application/octet-stream")
             if rng:
                 self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
@@ -282,11 +314,13 @@ def _make_handler(hub: FakeHub, origin: str):
             with hub._lock:
                 cut = hub.cut_after.pop(sha, None)
                 stall = hub.stall_after.pop(sha, None)
+            if hub.stall_every is not None:
+                stall = int(len(body) * hub.stall_every)
             limit = cut if cut is not None else stall
             if limit is None:
-                self.wfile.write(body)
+                self._write(body)
                 return
-            self.wfile.write(body[:limit])
+            self._write(body[:limit])
             self.wfile.flush()
             if stall is not None:
                 hub.release.wait(20)
@@ -296,7 +330,34 @@ def _make_handler(hub: FakeHub, origin: str):
             self.close_connection = True
             self.connection.shutdown(2)
 
+        def _write(self, body: bytes) -> None:
+            if hub.on_sent is None:
+                return self.wfile.write(body)
+            for i in range(0, len(body), 8192):  # in pieces, telling the test as they go out
+                self.wfile.write(body[i:i + 8192])
+                self.wfile.flush()
+                with hub._lock:
+                    hub.sent += len(body[i:i + 8192])
+                    sent = hub.sent
+                hub.on_sent(sent)
+
     return Handler
+
+
+def black_hole() -> tuple[list[socket.socket], str]:
+    """A port that never accepts: a listening socket whose backlog is full, so new
+    connections get no answer at all (as behind a firewall that drops them)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        fillers.append(c)
+    return [srv, *fillers], f"http://127.0.0.1:{port}"  # close them all to end it
 
 
 if __name__ == "__main__":  # a manual look: python tests/hub_server.py
