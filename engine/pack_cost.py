@@ -90,16 +90,18 @@ def calibrate() -> float:
 def model_rate(g) -> float:
     """Time the converter on the first routed experts of an open source GGUF, in
     their own type and shape, until CALIB_MIN_S has passed -> weights per second."""
+    from .gguf.validate import padded
     from .pack import EXPERT_KINDS, convert_expert
 
     il = next(il for il in range(10**6) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
     ts = [g.tensors[f"blk.{il}.ffn_{k}_exps.weight"] for k in EXPERT_KINDS]
-    raws = [g.raw(t.name).reshape(t.shape[0], -1) for t in ts]
+    shapes = [tuple(reversed(padded(t.ne)[:3])) for t in ts]  # (E, rows, n): {n, rows, E, 1} is one too
+    raws = [g.raw(t.name).reshape(s[0], -1) for t, s in zip(ts, shapes)]
     done, t0 = 0, time.perf_counter()
-    for e in range(ts[0].shape[0]):
-        for kind, t, raw in zip(EXPERT_KINDS, ts, raws):
-            convert_expert(raw[e], t.ggml_type, kind, t.shape[1], t.shape[2])
-            done += t.shape[1] * t.shape[2]
+    for e in range(shapes[0][0]):
+        for kind, t, raw, (_, rows, n) in zip(EXPERT_KINDS, ts, raws, shapes):
+            convert_expert(raw[e], t.ggml_type, kind, rows, n)
+            done += rows * n
         dt = time.perf_counter() - t0
         if dt >= CALIB_MIN_S:
             break

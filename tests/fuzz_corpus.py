@@ -475,24 +475,32 @@ MUTATIONS: tuple[Callable, ...] = (
     m_alignment, m_version, m_split_keys, m_truncate, m_flip_header, m_flip_header, m_flip_counts)
 
 
-def corpus(docs: list[Doc], n: int, seed: int = 0) -> Iterator[tuple[str, bytes]]:
+# what leaves the tensor data alone (for big bases such as the demo)
+HEADER_MUTATIONS: tuple[Callable, ...] = (
+    m_drop_tensor, m_rename_tensor, m_duplicate_tensor, m_drop_key, m_duplicate_key, m_retype_key, m_extreme_value,
+    m_key_targets, m_tokenizer, m_tokenizer, m_truncate, m_flip_header, m_flip_counts)
+
+
+def corpus(docs: list[Doc], n: int, seed: int = 0,
+           mutations: tuple[Callable, ...] = MUTATIONS) -> Iterator[tuple[str, bytes]]:
     """n (label, file bytes) pairs: each a random base with one random mutation."""
     rng = random.Random(seed)
     k = 0
     while k < n:
         base = rng.choice(docs)
-        d = rng.choice(MUTATIONS)(rng, base)
+        d = rng.choice(mutations)(rng, base)
         if d is None:
             continue
         yield f"{base.label}: {d.label}", encode(d)
         k += 1
 
 
-def write_corpus(out: Path, docs: list[Doc], n: int, seed: int = 0) -> list[tuple[Path, str]]:
+def write_corpus(out: Path, docs: list[Doc], n: int, seed: int = 0, mutations: tuple[Callable, ...] = MUTATIONS,
+                 prefix: str = "fuzz") -> list[tuple[Path, str]]:
     out.mkdir(parents=True, exist_ok=True)
     files = []
-    for k, (label, data) in enumerate(corpus(docs, n, seed)):
-        p = out / f"fuzz-{k:04d}.gguf"
+    for k, (label, data) in enumerate(corpus(docs, n, seed, mutations)):
+        p = out / f"{prefix}-{k:04d}.gguf"
         p.write_bytes(data)
         files.append((p, label))
     return files

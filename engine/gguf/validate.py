@@ -139,7 +139,8 @@ def check_tensors(g: GGUFFile, c: ModelConfig) -> None:
                 raise ModelFileError(path, f"missing tensor {n.name} (expected shape {list(n.ne)}){_hint(g, n.name)}")
             continue
         if not same_shape(t.ne, n.ne):
-            raise ModelFileError(path, f"tensor {n.name} has shape {list(t.ne)}, expected {list(n.ne)}")
+            why = f" ({c.n_vocab} tokens in the vocabulary)" if n.name in ("token_embd.weight", "output.weight") else ""
+            raise ModelFileError(path, f"tensor {n.name} has shape {list(t.ne)}, expected {list(n.ne)}{why}")
         ok = t.ggml_type == n.ggml_type if n.ggml_type is not None else t.ggml_type in SUPPORTED_TYPES
         if not ok:
             want = "I8" if n.ggml_type == I8 else "one of " + ", ".join(sorted(x.name for x in SUPPORTED_TYPES))
@@ -231,9 +232,9 @@ def check_tokenizer(meta: Mapping[str, Any], path: Any, n_vocab: int | None = No
 def check_model(g: GGUFFile, tokenizer: bool = True) -> ModelConfig:
     """A model file's configuration once every check has passed. tokenizer=False
     leaves the tokenizer out (planning and converting never read it)."""
-    cfg = config_from_metadata(g.metadata, str(g.path))
-    if tokenizer:
+    if tokenizer and isinstance(g.metadata.get("general.architecture"), str):
         check_tokenizer(g.metadata, g.path)
+    cfg = config_from_metadata(g.metadata, str(g.path))
     check_tensors(g, cfg)
     if tokenizer:
         check_tokenizer(g.metadata, g.path, cfg.n_vocab)
