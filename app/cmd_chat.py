@@ -9,13 +9,14 @@ import threading
 
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
+from .args import threads
 from .cmd_plan import add_placement_arguments, plan_request
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--critical", type=_critical_arg, default=None, metavar="R|auto",
                    help="residual split with R critical experts per token (R > k means k), or 'auto': "
@@ -241,6 +242,8 @@ def _record(args, store, chat, prompt: str, final: Finished, system: str | None)
     stats = {"completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),
              "prompt_tok_s": round(final.prompt_tok_s, 2), "ttft_s": round(final.ttft_s, 4),
              "finish_reason": final.finish_reason}
+    if chat is not None and not store.has_chat(chat.id):
+        chat = None  # deleted while the reply was written (in the TUI): the exchange becomes a new chat
     try:
         store.add_exchange(chat.id if chat else None, prompt, final.text, stats,
                            title=" ".join(prompt.split())[:60] or "New chat",

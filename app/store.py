@@ -186,6 +186,9 @@ class ChatStore:
             raise UserError(f"no chat with id {chat_id}")
         return _chat(row, self.path)
 
+    def has_chat(self, chat_id: int) -> bool:
+        return self.db.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone() is not None
+
     def list_chats(self) -> list[Chat]:
         """Every chat, most recently active first; one with damaged settings is listed with
         none (opening it says what is wrong)."""

@@ -193,3 +193,19 @@ def test_damaged_stats_are_dropped_not_fatal(tmp_path):
         s.get_chat(c.id)
     s.db.execute("UPDATE chats SET params = '{}'")
     assert json.loads(s.export_json(c.id))["messages"][1]["stats"] is None
+
+
+def test_a_reply_is_kept_when_its_chat_goes_away_meanwhile(tmp_path):
+    """-p --continue prints the reply, then stores it: the chat deleted (in the TUI) while the
+    reply streams, the exchange is kept as a new chat rather than lost."""
+    s = ChatStore(tmp_path / "history.db")
+    old = s.add_exchange(None, "q", "a", title="old")
+    proc = subprocess.Popen([sys.executable, "-m", "rapidmoe.app.cli", "-m", "demo", "-p", "Say hi", "--continue",
+                             "--precision", "full", "--temp", "0", "-n", "6"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "RAPIDMOE_DATA_DIR": str(tmp_path)})
+    first = proc.stdout.read(1)  # the reply has started: the history was checked and read
+    s.delete_chat(old.id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    [chat] = s.list_chats()
+    assert [(m.role, m.content) for m in s.messages(chat.id)] == [("user", "Say hi"), ("assistant", (first + out).strip())]

@@ -155,6 +155,8 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
         backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
     chat_id = getattr(args, "chat", None)
     store = ChatStore()
+    if not getattr(args, "no_history", False):
+        store.check_writable()  # a read-only history: one line now, not a failure at the first reply
     if chat_id is None and (getattr(args, "continue_", False) or getattr(args, "continue", False)):
         last = store.last_chat()
         chat_id = last.id if last else None
