@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from ..engine.errors import UserError
+from .args import threads
 from .cmd_plan import add_placement_arguments, plan_request
 from .cmd_chat import note
 
@@ -41,7 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--critical", type=_settings, default=None, metavar="R[,R...]",
                    help="critical-set sizes to measure, e.g. 8,2,0,auto ('k' = all routed, 'auto' = UMIA, 'full' = source weights); default: auto")
     p.add_argument("--precision", choices=("split", "full"), default=None, help="full: the source weights only")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
     add_placement_arguments(p)

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from ..engine.errors import UserError
+from .args import threads
 from .cmd_chat import apply_threads, note
 
 
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=256, help="calibration tokens (default 256; more: slower, steadier)")
     p.add_argument("--segment", type=int, default=128,
                    help="tokens per segment: first half prefill, second half decode (default 128)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--show", action="store_true", help="print the cached calibration of this model and machine")
     p.add_argument("--json", action="store_true", help="stdout: the calibration record as JSON")
@@ -55,7 +56,17 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rec))
     else:
-        _summary(rec, calibration_path(path))
+        import contextlib
+        import io
+
+        text = io.StringIO()  # all or nothing: a damaged record prints no half table
+        try:
+            with contextlib.redirect_stdout(text):
+                _summary(rec, calibration_path(path))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{calibration_path(path)}: a damaged calibration record ({type(e).__name__}: {e}); "
+                            f"run `rapidmoe-chat calibrate -m {args.model}` again") from None
+        print(text.getvalue(), end="")
     return 0
 
 

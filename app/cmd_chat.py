@@ -9,13 +9,14 @@ import threading
 
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
+from .args import threads
 from .cmd_plan import add_placement_arguments, plan_request
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--critical", type=_critical_arg, default=None, metavar="R|auto",
                    help="residual split with R critical experts per token (R > k means k), or 'auto': "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import sys
 
+from .args import threads
 from .cmd_chat import note
 
 
 def add_arguments(p) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF path, Hugging Face REPO[:QUANT], or 'demo'")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
 
 
 def run(args) -> int:

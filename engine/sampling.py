@@ -2,10 +2,13 @@
 Order as llama.cpp's default chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import torch
+
+from .errors import UserError
 
 
 @dataclass(frozen=True)
@@ -36,26 +39,28 @@ class SamplingParams:
         for field, (key, kind) in keys.items():
             if key in meta:
                 try:
-                    kw[field] = kind(meta[key])
-                except (TypeError, ValueError):
+                    v = kind(meta[key])
+                    cls(**{field: v}).validate()  # a file's NaN or negative default is ignored, not sampled with
+                    kw[field] = v
+                except (TypeError, ValueError, OverflowError, UserError):
                     pass
         return cls(**kw)
 
     def validate(self) -> None:
-        from .errors import UserError
-
-        if self.temperature < 0:
-            raise UserError("--temp must be >= 0")
+        if not 0 <= self.temperature < math.inf:  # (the negated forms refuse NaN as well)
+            raise UserError("--temp must be a number >= 0")
         if not 0 < self.top_p <= 1:
             raise UserError("--top-p must be in (0, 1]")
         if not 0 <= self.min_p <= 1:
             raise UserError("--min-p must be in [0, 1]")
         if self.top_k < 0:
             raise UserError("--top-k must be >= 0 (0 = off)")
-        if self.repeat_penalty <= 0:
-            raise UserError("--repeat-penalty must be > 0")
+        if not 0 < self.repeat_penalty < math.inf:
+            raise UserError("--repeat-penalty must be a number > 0")
         if self.max_tokens <= 0:
             raise UserError("--max-tokens must be > 0")
+        if self.seed is not None and not -2**63 <= self.seed < 2**64:  # what a torch.Generator takes
+            raise UserError("--seed must be in [-2**63, 2**64)")
 
 
 class Sampler:
