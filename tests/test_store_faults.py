@@ -163,23 +163,41 @@ def test_a_data_dir_that_is_a_file(tmp_path, monkeypatch, capsys):
     assert "cannot hold the chat history" in line and "RAPIDMOE_DATA_DIR" in line
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files anyway")
+def _read_only(db: Path) -> bool:
+    """Make db read-only for this process: chmod, or for root (who writes anyway) the
+    immutable attribute where the file system has one."""
+    if os.geteuid() != 0:
+        db.chmod(0o444)
+        db.parent.chmod(0o555)
+        return True
+    r = subprocess.run(["chattr", "+i", str(db)], capture_output=True)
+    return r.returncode == 0
+
+
+def _writable(db: Path) -> None:
+    if os.geteuid() != 0:
+        db.parent.chmod(0o755)
+        db.chmod(0o644)
+    else:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+
+
 def test_a_read_only_history_is_one_line_before_the_reply(tmp_path, monkeypatch, capsys):
     data = tmp_path / "data"
-    s = ChatStore(data / "history.db")
+    db = data / "history.db"
+    s = ChatStore(db)
     s.add_exchange(None, "q", "a", title="kept")
     s.close()
-    for p in data.iterdir():
-        p.chmod(0o444)
-    data.chmod(0o555)
+    if not _read_only(db):
+        pytest.skip("no way to make a file read-only for root here (chattr)")
     monkeypatch.setenv("RAPIDMOE_DATA_DIR", str(data))
     try:
         for args in ((), ("--continue",)):
             line = run_main(capsys, "-m", "demo", "-p", "hi", "-n", "2", *args)
             assert "history.db" in line and "read-only" in line, line
     finally:
-        data.chmod(0o755)
-    assert [m.content for m in ChatStore(data / "history.db").messages(1)] == ["q", "a"]
+        _writable(db)
+    assert [m.content for m in ChatStore(db).messages(1)] == ["q", "a"]
 
 
 def test_damaged_stats_are_dropped_not_fatal(tmp_path):
