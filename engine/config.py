@@ -116,7 +116,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     n_layer = key("block_count")
     n_ff_shexp = key("expert_shared_feed_forward_length", 0)
     if arch == "deepseek2":
-        gating = key("expert_gating_func", GATING_SOFTMAX)
+        gating = key("expert_gating_func", GATING_SOFTMAX) or GATING_SOFTMAX  # 0 (none): llama.cpp's softmax too
         norm_topk = key("expert_weights_norm", False, bool)
         extra = _deepseek2_extra(key, head_dim, n_embd // n_head)
         n_layer -= extra["n_layer_nextn"]  # next-token-prediction blocks sit after the trunk

@@ -24,7 +24,7 @@ from rapidmoe.engine.plan import PlanRequest
 
 @pytest.fixture(scope="module")
 def docs():
-    return {name: synth_doc(name) for name in ("qwen2moe", "qwen3moe", "ds2_v3")}
+    return {name: synth_doc(name) for name in ("qwen2moe", "qwen3moe", "ds2_v3", "ds2_lite")}
 
 
 def write(tmp_path, doc, name="m.gguf"):
@@ -91,6 +91,14 @@ def test_trailing_dimensions_of_one_load_everywhere(tmp_path, docs):
     torch.testing.assert_close(logits(b), logits(a), rtol=0, atol=0)
     torch.testing.assert_close(logits(b, critical=2), logits(a, critical=2), rtol=0, atol=0)
     assert run_cli(["plan", "-m", str(b)]) == "ok"  # its conversion-time estimate reads the expert stacks too
+
+
+def test_deepseek2_gating_func_0_is_softmax_as_in_llama_cpp(tmp_path, docs):
+    """Old DeepSeek-V2 files carry expert_gating_func = 0 (none); llama.cpp runs them with softmax."""
+    doc = docs["ds2_lite"]
+    zero = set_kv(doc, "deepseek2.expert_gating_func", U32, 0)
+    torch.testing.assert_close(logits(write(tmp_path, zero, "zero.gguf")), logits(write(tmp_path, doc, "none.gguf")),
+                               rtol=0, atol=0)
 
 
 # ---- tensors ----
