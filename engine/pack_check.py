@@ -21,7 +21,8 @@ import numpy as np
 CHUNK = 4 << 20
 CRC_TENSOR = "rapidmoe.pack.crc32"
 EXPERT_PART_SUFFIXES = (".wq", ".wr", ".d4")
-SAMPLE_UNITS = 32  # checked at each load, at random, besides the header and the last unit
+SAMPLE_UNITS = 32  # checked at each load, at random, besides the header and the last unit ...
+SAMPLE_BYTES = 64 << 20  # ... or fewer, at least 8, when they would read more than this
 
 
 def units(tensors: Iterable[tuple[str, tuple[int, ...], int, int]], header_len: int) -> list[tuple[int, int]]:
@@ -52,7 +53,13 @@ def check(path: Path, tensors, header_len: int, table: np.ndarray, sample: int |
     if sample is None or sample + 2 >= len(us):
         pick = list(range(len(us)))
     else:  # the header, the tail (where a short write or a zeroed end shows) and a random sample
-        pick = sorted({0, len(us) - 1, *random.sample(range(1, len(us) - 1), sample)})
+        pick, nbytes = {0, len(us) - 1}, 0
+        for k in random.sample(range(1, len(us) - 1), sample):
+            if len(pick) >= 10 and nbytes + us[k][1] > SAMPLE_BYTES:
+                break
+            pick.add(k)
+            nbytes += us[k][1]
+        pick = sorted(pick)
     fd = os.open(path, os.O_RDONLY)
     try:
         for i, k in enumerate(pick):
