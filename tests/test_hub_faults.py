@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,7 +96,7 @@ def test_each_misbehaviour_is_one_line_and_caches_nothing(hub, tmp_path, monkeyp
         hub.release.set()
         for s in holes:
             s.close()
-    assert __import__("re").search(message, line), line
+    assert re.search(message, line), line
     nothing_cached(tmp_path)
 
 
@@ -159,7 +161,7 @@ def test_kill_9_at_random_points_of_a_pull_then_resume(hub, tmp_path):
         if proc.returncode == 0:  # done: start over from an empty cache
             assert Path(out.strip()).read_bytes() == Q4
             for p in (tmp_path / "hf").glob("hub/models--*"):
-                __import__("shutil").rmtree(p)
+                shutil.rmtree(p)
     assert kills >= 15
     [p] = pull(REPO)
     assert p.read_bytes() == Q4

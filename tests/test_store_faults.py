@@ -226,4 +226,5 @@ def test_a_reply_is_kept_when_its_chat_goes_away_meanwhile(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     [chat] = s.list_chats()
-    assert [(m.role, m.content) for m in s.messages(chat.id)] == [("user", "Say hi"), ("assistant", (first + out).strip())]
+    reply = (first + out).strip()
+    assert [(m.role, m.content) for m in s.messages(chat.id)] == [("user", "Say hi"), ("assistant", reply)]
