@@ -103,9 +103,14 @@ class ChatActions:
         """Switch to a stored chat (None: a new, empty one)."""
         if self.defer_while_generating(self.show_chat, chat_id):
             return
-        await self.return_waiting("not sent: you left that chat")
         store = self.app.store
-        self.chat = store.get_chat(chat_id) if chat_id is not None else None
+        try:
+            chat = store.get_chat(chat_id) if chat_id is not None else None
+        except UserError as e:  # damaged stored settings, or the history failing: say so, stay
+            self.notify(str(e), severity="error", markup=False)
+            return
+        await self.return_waiting("not sent: you left that chat")
+        self.chat = chat
         await self.log_view.remove_children()
         if self.chat is not None:
             await self.log_view.mount_all(
