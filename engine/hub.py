@@ -116,6 +116,11 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
             return _cached_ref(repo, quant, "the Hub cannot be reached")
         except UserError:
             raise _hub_error(repo, e, f" and {repo} is not in the Hugging Face cache") from None
+    except hub_http.NotAHub as e:
+        try:  # a captive portal, a proxy's error page: a fully cached copy still works
+            return _cached_ref(repo, quant, "the Hub's answer was unusable")
+        except UserError:
+            raise e from None
     except (HfHubHTTPError, *_PROTOCOL_ERRORS) as e:
         raise _hub_error(repo, e) from None
     if not info.commit:

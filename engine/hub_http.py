@@ -23,6 +23,11 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from .errors import UserError
 
+class NotAHub(UserError):
+    """An answer no Hugging Face Hub gives (a page, garbage, a redirect loop): like no
+    answer at all, a fully cached model still works."""
+
+
 MAX_REDIRECTS = 5
 MAX_JSON_BYTES = 64 << 20  # a repo with tens of thousands of files lists in a few MB
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -65,7 +70,7 @@ def request(method: str, url: str, headers: dict, *, limit: int = MAX_JSON_BYTES
             for piece in r.iter_bytes():
                 body += piece
                 if len(body) > limit:
-                    raise UserError(f"{short(url)} answered with more than {limit} bytes; "
+                    raise NotAHub(f"{short(url)} answered with more than {limit} bytes; "
                                     "is HF_ENDPOINT a Hugging Face Hub?")
                 if time.monotonic() > deadline:
                     raise httpx2.ReadTimeout(f"no complete answer within {3 * timeout_s():g} s")
@@ -75,9 +80,9 @@ def request(method: str, url: str, headers: dict, *, limit: int = MAX_JSON_BYTES
             return r
         if nxt in seen:
             back = "to itself" if nxt == url else f"back to {short(nxt)}"
-            raise UserError(f"{short(url)} redirects in a loop ({back}); is HF_ENDPOINT a Hugging Face Hub?")
+            raise NotAHub(f"{short(url)} redirects in a loop ({back}); is HF_ENDPOINT a Hugging Face Hub?")
         if len(seen) > MAX_REDIRECTS:
-            raise UserError(f"{short(seen[0])} redirects more than {MAX_REDIRECTS} times; "
+            raise NotAHub(f"{short(seen[0])} redirects more than {MAX_REDIRECTS} times; "
                             "is HF_ENDPOINT a Hugging Face Hub?")
         seen.append(nxt)
         url = nxt
@@ -92,7 +97,7 @@ def get_json(url: str, what: str):
         return json.loads(r.content)
     except (ValueError, UnicodeDecodeError):
         kind = r.headers.get("Content-Type", "no content type").split(";")[0]
-        raise UserError(f"{short(url)} answered {what} with {len(r.content)} bytes of {kind} that are not "
+        raise NotAHub(f"{short(url)} answered {what} with {len(r.content)} bytes of {kind} that are not "
                         "JSON; is HF_ENDPOINT a Hugging Face Hub?") from None
 
 
@@ -109,7 +114,7 @@ class RepoInfo:
 
 
 def _bad(url: str, why: str) -> UserError:
-    return UserError(f"{short(url)} answered with JSON that is not a model's file list ({why}); "
+    return NotAHub(f"{short(url)} answered with JSON that is not a model's file list ({why}); "
                      "is HF_ENDPOINT a Hugging Face Hub?")
 
 
@@ -168,7 +173,7 @@ def file_meta(endpoint: str, repo: str, revision: str, filename: str) -> FileMet
     etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip()
     etag = re.sub(r'^W/', "", etag).strip('"') or None
     if etag is not None and not re.fullmatch(r"[0-9A-Za-z_-][0-9A-Za-z._-]{0,127}", etag):
-        raise UserError(f"{short(url)} answered with an ETag that cannot name a file; "
+        raise NotAHub(f"{short(url)} answered with an ETag that cannot name a file; "
                         "is HF_ENDPOINT a Hugging Face Hub?")  # it names the blob on disk
     size = r.headers.get("X-Linked-Size") or (None if r.is_redirect else r.headers.get("Content-Length"))
     location = urljoin(url, r.headers["Location"]) if r.is_redirect else str(r.request.url)

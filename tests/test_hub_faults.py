@@ -165,3 +165,13 @@ def test_kill_9_at_random_points_of_a_pull_then_resume(hub, tmp_path):
     assert kills >= 15
     [p] = pull(REPO)
     assert p.read_bytes() == Q4
+
+
+def test_a_cached_model_still_works_behind_a_page_that_is_not_the_hub(hub):
+    [p] = pull(REPO)
+    hub.html_everywhere = True  # a captive portal now answers every request
+    assert pull(REPO) == [p] and p.read_bytes() == Q4
+    hub.html_everywhere, hub.garbage_json = False, b"<<<"
+    assert pull(REPO) == [p]
+    with pytest.raises(UserError, match="that are not JSON"):
+        pull(f"{REPO}:Q8_0")  # not cached: the answer is the error
