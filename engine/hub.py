@@ -92,11 +92,11 @@ def _local_ref(spec: str) -> ModelRef:
 
 def _cached_ref(repo: str, quant: str | None, why: str) -> ModelRef:
     commit = hc.cached_commit(repo)
-    if commit is None:
+    files = hc.snapshot_files(repo, commit) if commit else {}
+    if not group_ggufs(list(files)):  # none, or a snapshot folder a pull had only begun to fill
         raise UserError(
             f"{repo} is not in the Hugging Face cache ({hub_cache_dir()}) and {why}; pull it once while online"
         )
-    files = hc.snapshot_files(repo, commit)
     g = select_quant(repo, list(files), quant, where=" (cached)")
     return ModelRef(repo, g.label, g.files, tuple(files[f] for f in g.files), (), commit)
 

@@ -28,6 +28,7 @@ _PIECE_LOG_S = 0.1  # at most this often a progress report mid-file
 _RETRIES = 5  # consecutive failed attempts without new bytes before giving up
 _ATTEMPTS = 30  # requests for one file in one run, whatever they brought
 _STALLS = 3  # read timeouts (a server that stops sending) for one file in one run
+_MIN_BYTES = 1024  # a body trickling slower than this per 3 read timeouts counts as a stall
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -146,7 +147,8 @@ def _fetch_part(url: str, endpoint: str, part: Path, size: int | None, sha256: s
             failures = 0 if st.done > before else failures + 1
             stalls += isinstance(err, httpx2.TimeoutException)
             if failures >= _RETRIES or stalls >= _STALLS or attempt == _ATTEMPTS:
-                why = (f"no bytes for {timeout_s():g} s, {stalls} times" if stalls >= _STALLS
+                why = (f"stalled {stalls} times: no bytes for {timeout_s():g} s, or under {_MIN_BYTES} bytes "
+                       f"in {3 * timeout_s():g} s" if stalls >= _STALLS
                        else f"{attempt} requests" if attempt == _ATTEMPTS
                        else str(err) if isinstance(err, _EndedEarly) else type(err).__name__)
                 raise UserError(f"download of {name} keeps failing ({why}); "
@@ -198,7 +200,8 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report,
                             "bytes; is HF_ENDPOINT a Hugging Face Hub?")
         if st.size is None and length is not None:
             st.size = st.done + length
-        last = time.monotonic()
+        last = window_t = time.monotonic()
+        window_done = st.done
         for piece in r.iter_bytes():
             out.write(piece)
             out.flush()  # what is counted is on disk: a crash loses nothing we would skip on resume
@@ -208,6 +211,10 @@ def _stream(url: str, headers: dict, out, st: _State, resumed_from: int, report,
             if st.size is not None and st.done > st.size:
                 raise UserError(f"{url.split('?')[0]}: server sent more than the {st.size} bytes announced")
             now = time.monotonic()
+            if now - window_t >= 3 * timeout_s():  # a trickle that never lets the read timeout fire
+                if st.done - window_done < _MIN_BYTES:
+                    raise httpx2.ReadTimeout(f"under {_MIN_BYTES} bytes in {3 * timeout_s():g} s")
+                window_t, window_done = now, st.done
             if now - last >= _PIECE_LOG_S:
                 last = now
                 report(st.done, resumed_from, False)

@@ -13,7 +13,7 @@ as huggingface_hub's error mapping expects.
 
 Misbehaviours on demand (attributes of FakeHub): an API that never answers, an HTML
 page for every request, garbage JSON, redirect loops, a CDN that stalls after part of
-every body or never sends past a byte, files served without any size; and
+every body, trickles, or never sends past a byte, files served without any size; and
 black_hole(), a port that never accepts a connection.
 """
 from __future__ import annotations
@@ -71,6 +71,7 @@ class FakeHub:
         self.cut_at: int | None = None  # the CDN never sends past this byte of a file (closes there)
         self.no_sizes = False  # no size anywhere but the tree API: no blobs sizes, no lengths
         self.on_sent = None  # called with the CDN's running byte count as bytes go out
+        self.trickle_s: float | None = None  # the CDN sends one byte per this many seconds
         self.sent = 0
         self._sig = 0
         self._lock = threading.Lock()
@@ -331,6 +332,17 @@ def _make_handler(hub: FakeHub, origin: str):
             self.connection.shutdown(2)
 
         def _write(self, body: bytes) -> None:
+            if hub.trickle_s is not None:
+                for i in range(len(body)):
+                    if hub.release.wait(hub.trickle_s):
+                        break
+                    try:
+                        self.wfile.write(body[i:i + 1])
+                        self.wfile.flush()
+                    except OSError:  # the client gave up on it
+                        self.close_connection = True
+                        break
+                return
             if hub.on_sent is None:
                 return self.wfile.write(body)
             for i in range(0, len(body), 8192):  # in pieces, telling the test as they go out
