@@ -178,3 +178,11 @@ def test_a_cached_model_still_works_behind_a_page_that_is_not_the_hub(hub):
     assert pull(REPO) == [p]
     with pytest.raises(UserError, match="that are not JSON"):
         pull(f"{REPO}:Q8_0")  # not cached: the answer is the error
+
+
+def test_a_snapshot_folder_a_killed_pull_left_empty_is_not_a_model(hub, tmp_path):
+    commit = resolve(REPO).revision
+    (tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF" / "snapshots" / commit).mkdir(parents=True)
+    nothing_cached(tmp_path)
+    [p] = pull(REPO)
+    assert p.read_bytes() == Q4
