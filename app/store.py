@@ -119,7 +119,10 @@ class ChatStore:
     # --- schema ---
     def schema_version(self) -> int:
         row = self.db.execute("SELECT version FROM schema_version").fetchone()
-        return int(row[0]) if row else 0
+        if row is not None and (isinstance(row[0], bool) or not isinstance(row[0], int)):
+            raise UserError(f"{self.path}: the chat history is damaged (schema version {str(row[0])[:20]!r}); "
+                            "move it away to start a new one")
+        return row[0] if row else 0
 
     def _migrate(self) -> None:
         self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")

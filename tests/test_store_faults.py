@@ -119,6 +119,10 @@ def _bad_history(kind: str, data: Path) -> None:
         db.write_bytes(b"SQLite format 3\0" + b"\xff" * 5000)
     elif kind == "a-folder":
         db.mkdir()
+    elif kind == "version":
+        s = ChatStore(db)
+        s.db.execute("UPDATE schema_version SET version = 'two'")
+        s.close()
     elif kind == "params":
         s = ChatStore(db)
         c = s.add_exchange(None, "q", "a", title="t")
@@ -141,6 +145,7 @@ def run_main(capsys, *args) -> str:
     ("damaged", "damaged"),
     ("not-a-database", "cannot open the chat history"),
     ("a-folder", "not a file"),
+    ("version", "damaged \\(schema version 'two'\\)"),
     ("params", "chat 1 has damaged settings \\(temperature"),
 ])
 def test_a_bad_history_is_one_line_before_the_reply(tmp_path, monkeypatch, capsys, kind, message):
