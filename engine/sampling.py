@@ -48,7 +48,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         if not 0 <= self.temperature < math.inf:  # (the negated forms refuse NaN as well)
-            raise UserError("--temp must be a number >= 0")
+            raise UserError("--temp must be >= 0 and finite")
         if not 0 < self.top_p <= 1:
             raise UserError("--top-p must be in (0, 1]")
         if not 0 <= self.min_p <= 1:
@@ -56,7 +56,7 @@ class SamplingParams:
         if self.top_k < 0:
             raise UserError("--top-k must be >= 0 (0 = off)")
         if not 0 < self.repeat_penalty < math.inf:
-            raise UserError("--repeat-penalty must be a number > 0")
+            raise UserError("--repeat-penalty must be > 0 and finite")
         if self.max_tokens <= 0:
             raise UserError("--max-tokens must be > 0")
         if self.seed is not None and not -2**63 <= self.seed < 2**64:  # what a torch.Generator takes

@@ -29,9 +29,9 @@ def one_line(capsys, *fragments):
 
 
 @pytest.mark.parametrize("flag, value, fragment", [
-    ("--temp", "nan", "--temp must be a number >= 0"),
-    ("--temp", "inf", "--temp must be a number >= 0"),
-    ("--repeat-penalty", "nan", "--repeat-penalty must be a number > 0"),
+    ("--temp", "nan", "--temp must be >= 0 and finite"),
+    ("--temp", "inf", "--temp must be >= 0 and finite"),
+    ("--repeat-penalty", "nan", "--repeat-penalty must be > 0 and finite"),
     ("--seed", str(2**70), "--seed must be in"),
     ("--seed", str(-2**70), "--seed must be in"),
     ("--threads", str(2**40), "--threads: must be in 1..1024"),

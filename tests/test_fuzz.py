@@ -105,10 +105,9 @@ def test_mutated_demo_files_end_cleanly(tmp_path):
 def test_a_few_through_the_installed_command(synth_corpus):
     """`rapidmoe-chat -m FILE -p hi`, `plan` and `eval` as a user runs them: exit 0, or
     exit 2 with exactly one line on stderr."""
-    (a, la), (b, lb), (c, lc), (d, ld) = synth_corpus[:4]
+    (a, la), (b, lb), (c, lc) = synth_corpus[:3]
     runs = [(la, ["-m", str(a), "-p", "hi", "-n", "2", "--no-history", "--ctx", "64"]),
-            (lb, ["-m", str(b), "-p", "hi", "-n", "2", "--no-history", "--ctx", "64"]),
-            (lc, ["plan", "-m", str(c)]), (ld, ["eval", "-m", str(d), "--prompt", "hello there"])]
+            (lb, ["plan", "-m", str(b)]), (lc, ["eval", "-m", str(c), "--prompt", "hello there"])]
     for label, argv in runs:
         r = subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", *argv], capture_output=True, text=True,
                            env=_env(), timeout=120)
@@ -134,7 +133,7 @@ def test_reader_under_hypothesis(tmp_path):
     base = synth_doc("qwen2moe")
     path = tmp_path / "h.gguf"
 
-    @settings(max_examples=150, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=100, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.lists(st.tuples(st.integers(0, len(MUTATIONS) - 1), st.integers(0, 2**32)), min_size=1, max_size=3))
     def check(steps):
