@@ -38,7 +38,7 @@ class RemoteChat:
         # reasoning is shown, not sent back: servers expect the answer only in the history
         from ..tui.think import split_think
 
-        msgs = [dict(m) for m in self.messages]
+        msgs = [{"role": m["role"], "content": m["content"]} for m in self.messages]  # not our own marks
         try:
             for ev in stream_chat(self.endpoint, msgs, params or self.params, cancel, self.stall_s, self.retries,
                                   self.extra_body):

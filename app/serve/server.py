@@ -165,9 +165,8 @@ class Api:
         watcher = asyncio.create_task(watch())
         try:
             async for item in self._events(job):
-                if isinstance(item, TextDelta):
-                    view.push(item.text)
-                elif isinstance(item, Done):
+                if isinstance(item, Done):  # a whole-reply job sends only its end
+                    view.push(item.finished.text)
                     view.finish()
                     finish = "tool_calls" if view.tool_calls else FINISH[item.finished.finish_reason]
                     return JSONResponse(shaper.whole(view.content, finish, usage(item.finished, item.prompt_len),

@@ -72,14 +72,29 @@ class Done:
 class Job:
     prep: Prepared
     loop: asyncio.AbstractEventLoop
+    live: bool = True  # the client wants each delta (a stream); else only the end
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    _batch: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, item) -> None:
+        """Hand an item to the event loop, waking it once for all that piled up meanwhile:
+        each wake-up takes the GIL from the thread that runs the model."""
+        with self._lock:
+            self._batch.append(item)
+            if len(self._batch) > 1:
+                return  # a wake-up is already on its way
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is gone: the server is shutting down
             self.cancel.set()
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._batch = self._batch, []
+        for item in items:
+            self.events.put_nowait(item)
 
 
 class Worker:
@@ -142,7 +157,7 @@ class Worker:
             for ev in self.session.generate(p.ids, p.params, job.cancel):
                 if isinstance(ev, Finished):
                     final = ev
-                else:
+                elif job.live:
                     job.put(ev)
             job.put(Done(final, len(p.ids), self.session.critical_stats()))
             self.log(f"{p.req.kind}: prompt {len(p.ids)} tokens ({len(p.ids) - final.prompt_tokens} cached), "
@@ -190,7 +205,7 @@ class Worker:
             raise bad(str(e), "messages", "template_error") from None
 
     def submit(self, prep: Prepared, loop) -> Job:
-        job = Job(prep, loop)
+        job = Job(prep, loop, live=prep.req.stream)
         with self._lock:
             if self.pending > self.queue_limit:
                 raise ApiError(429, f"the server is busy: {self.pending - 1} requests are already waiting "
