@@ -127,6 +127,8 @@ def _fetch_part(url: str, endpoint: str, part: Path, size: int | None, sha256: s
     failures = stalls = 0
     with part.open("ab") as out:
         for attempt in range(1, _ATTEMPTS + 1):
+            if st.size is not None and st.done >= st.size:
+                break  # a partial an earlier run finished but had no time to move into place
             before = st.done
             try:
                 _stream(url, headers, out, st, resumed_from, report, name)

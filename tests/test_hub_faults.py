@@ -186,3 +186,11 @@ def test_a_snapshot_folder_a_killed_pull_left_empty_is_not_a_model(hub, tmp_path
     nothing_cached(tmp_path)
     [p] = pull(REPO)
     assert p.read_bytes() == Q4
+
+
+def test_a_partial_that_was_complete_when_killed_is_not_fetched_again(hub, tmp_path):
+    blobs = tmp_path / "hf" / "hub" / "models--org--Tiny-MoE-GGUF" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{Q4_SHA}.incomplete").write_bytes(Q4)  # killed between the last byte and the rename
+    [p] = pull(REPO)
+    assert p.read_bytes() == Q4 and th.cdn_gets(hub) == []
