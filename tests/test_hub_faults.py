@@ -71,7 +71,7 @@ def pull_fails(capsys) -> str:
     ("resolve_loop", "redirects in a loop"),
     ("cdn_loop", "redirects in a loop"),
     ("stall_every", "download of Tiny-MoE-Q4_K_M.gguf keeps failing \\(stalled 3 times: no bytes for 0.5 s"),
-    ("trickle", "keeps failing \\(stalled 3 times: .* or under 1024 bytes in 1.5 s"),
+    ("trickle", "keeps failing \\(stalled 3 times: .* or under 1024 bytes in 0.9 s"),
     ("cut_no_sizes", "download of Tiny-MoE-Q4_K_M.gguf keeps failing \\(the body ended at byte 150000 of 300000\\)"),
 ])
 def test_each_misbehaviour_is_one_line_and_caches_nothing(hub, tmp_path, monkeypatch, capsys, fault, message):
@@ -88,7 +88,8 @@ def test_each_misbehaviour_is_one_line_and_caches_nothing(hub, tmp_path, monkeyp
     elif fault == "stall_every":
         hub.stall_every = 0.25
     elif fault == "trickle":
-        hub.trickle_s = 0.1  # a byte at a time, each well within the read timeout
+        hub.trickle_s = 0.05  # a byte at a time, each well within the read timeout
+        monkeypatch.setenv("RAPIDMOE_HUB_TIMEOUT", "0.3")  # shorter windows of 3 timeouts
     elif fault == "cut_no_sizes":
         hub.no_sizes, hub.cut_at = True, len(Q4) // 2
     elif fault in ("api_stall", "html_everywhere"):
