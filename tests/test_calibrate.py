@@ -181,10 +181,11 @@ def test_cli(tiny, tmp_path, capsys):
     assert "no calibration" in capsys.readouterr().err
 
 
-def test_cli_progress_is_plain_lines_off_a_terminal(tiny, tmp_path, capsys):
+def test_cli_progress_is_plain_lines_off_a_terminal(tiny, tmp_path, capsys, monkeypatch):
     """stderr to a file or pipe (capsys here): one line per step, no bar redrawn with \\r."""
     from rapidmoe.app.cli import main
 
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))  # packs are keyed by content: none here yet
     src = tmp_path / "p.gguf"
     src.write_bytes(tiny.read_bytes())
     assert main(["calibrate", "-m", str(src), "--tokens", "32", "--segment", "32"]) == 0
