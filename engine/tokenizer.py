@@ -26,6 +26,18 @@ def _texts(values: Iterable[Any]) -> list[str]:
             for v in values]
 
 
+def _byte_value(text: str) -> int:
+    """A byte token's value from its "<0xNN>" text, read as llama.cpp reads it
+    (strtol of the two characters after "<0x"): a malformed one gives what its
+    leading hex digits say, or 0, never an error."""
+    digits = ""
+    for ch in text[3:5]:
+        if ch not in "0123456789abcdefABCDEF":
+            break
+        digits += ch
+    return int(digits, 16) if digits else 0
+
+
 class StreamDecoder:
     """Turns generated ids into text deltas that never split a UTF-8 character."""
 
@@ -187,7 +199,7 @@ class Tokenizer:
                 return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
             return byte_decode(text)
         if attr & ATTR_BYTE:
-            return bytes([int(text[3:5], 16)])
+            return bytes([_byte_value(text)])
         return b""  # unused / undefined tokens render as nothing, as in llama.cpp
 
     def piece(self, id: int, special: bool = False) -> bytes:

@@ -202,6 +202,18 @@ def test_llama_cpp_token_types_it_does_not_know_still_load(tmp_path, docs):
     assert load_model(path, n_ctx=32).tokenizer.n_vocab == 640
 
 
+def test_byte_tokens_whose_text_is_not_hex_render_as_llama_cpp_reads_them(tmp_path, docs):
+    """Every token typed BYTE (6): llama.cpp reads "<0xNN>" with strtol and never fails;
+    this was `ValueError: invalid literal for int() with base 16` on the first reply."""
+    from rapidmoe.engine.tokenizer import _byte_value
+
+    assert [_byte_value(t) for t in ("<0x0A>", "<0xfF>", "<0x1>", "<0xZZ>", "ab", "")] == [10, 255, 1, 0, 0, 0]
+    path = write(tmp_path, set_kv(docs["qwen3moe"], "tokenizer.ggml.token_type", ARR, [6] * 640, I32))
+    for argv in (["-m", str(path), "-p", "hi", "-n", "4", "--temp", "0", "--no-history"],
+                 ["eval", "-m", str(path), "--prompt", "hello there"]):
+        assert run_cli(argv) == "ok"
+
+
 # ---- memory: nothing sized from metadata before its check ----
 
 def test_plan_of_2_30_experts_is_one_line_and_small(tmp_path, docs):
