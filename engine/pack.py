@@ -37,7 +37,7 @@ from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .gguf.validate import check_model, padded
 from .gguf.writer import TensorSlot, build_header, encode_kv
-from .pack_identity import locate_pack, pack_key, source_identity
+from .pack_identity import locate_pack, pack_key, packs_dir, source_identity
 from .paths import fsync_dir
 
 __all__ = ["PACK_VERSION", "convert", "open_pack", "pack_path", "source_identity", "verify_pack"]
@@ -182,9 +182,11 @@ def open_pack(src: GGUFFile, progress=None, log=None, full_check: bool = False) 
     none yet, or when the one there fails verification). progress(step, done,
     total) during conversion; log(str) for one-off notes."""
     ident = source_identity(src)
-    out = locate_pack(ident, _key(ident))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
+    key = _key(ident)
+    packs_dir().mkdir(parents=True, exist_ok=True)
+    # one lock per content: two copies of a model loading at once make one pack
+    with FileLock(str(packs_dir() / f"{key}.lock")):
+        out = locate_pack(ident, key)
         if out.exists():
             try:
                 g = verify_pack(out, ident, None if full_check else pack_check.SAMPLE_UNITS, progress)
