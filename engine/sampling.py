@@ -73,6 +73,8 @@ class Sampler:
         """logits [V] (float32) -> token id."""
         p = self.p
         logits = logits.float().clone()
+        if not bool(torch.isfinite(logits).all()):  # damaged weights: say so once, never sample garbage
+            raise UserError("the model computed NaN or infinite logits: its weights are damaged or out of range")
         if p.repeat_penalty != 1.0 and history:
             recent = torch.tensor(sorted(set(history[-p.repeat_last_n:])), dtype=torch.long)
             vals = logits[recent]

@@ -17,13 +17,15 @@ import time
 import traceback
 from pathlib import Path
 
-# each file runs these; {f} is the file
+# each file runs these; {f} is the file. The text has a newline and characters
+# outside ASCII, so byte tokens and multi-byte pieces are tokenized and rendered.
+TEXT = "hi there,\ncafé – 12€"
 COMMANDS = {
-    "chat": ["-m", "{f}", "-p", "hi", "-n", "2", "--temp", "0", "--no-history", "--ctx", "64"],
-    "full": ["-m", "{f}", "-p", "hi", "-n", "2", "--temp", "0", "--no-history", "--ctx", "64",
+    "chat": ["-m", "{f}", "-p", TEXT, "-n", "4", "--temp", "0", "--no-history"],
+    "full": ["-m", "{f}", "-p", TEXT, "-n", "4", "--temp", "0.8", "--seed", "1", "--no-history",
              "--precision", "full"],
     "plan": ["plan", "-m", "{f}", "--ctx", "64"],
-    "eval": ["eval", "-m", "{f}", "--prompt", "hello there"],
+    "eval": ["eval", "-m", "{f}", "--prompt", TEXT],
 }
 
 
