@@ -32,7 +32,7 @@ import numpy as np
 from filelock import FileLock
 
 from . import kernels, pack_check
-from .config import ModelConfig, config_from_metadata
+from .config import ModelConfig
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .gguf.validate import check_model, padded
