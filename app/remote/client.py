@@ -71,7 +71,8 @@ def _error_text(status: int, raw: bytes, ep: Endpoint) -> str:
     if status == 401:
         return f"{where}: the server refused the API key (401){': ' + msg if msg else ''}"
     if status == 404:
-        return f"{where}: not found (404) - check the URL (it ends in /v1) and the model name{': ' + msg if msg else ''}"
+        return (f"{where}: not found (404) - check the URL (it ends in /v1) and the model name"
+                f"{': ' + msg if msg else ''}")
     return f"{where}: HTTP {status}{': ' + ' '.join(str(msg).split()) if msg else ''}"
 
 
@@ -85,7 +86,8 @@ def request(ep: Endpoint, method: str, path: str, body: dict | None = None, time
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            why = "timed out" if isinstance(e, socket.timeout) else (getattr(e, "strerror", None) or str(e) or type(e).__name__)
+            why = "timed out" if isinstance(e, socket.timeout) else (
+                getattr(e, "strerror", None) or str(e) or type(e).__name__)
             raise RemoteError(f"cannot reach {ep.base_url}: {why}") from None
         if resp.status == 200:
             return conn, resp
@@ -93,7 +95,8 @@ def request(ep: Endpoint, method: str, path: str, body: dict | None = None, time
         conn.close()
         if resp.status in RETRY_STATUS and attempt < retries:
             wait = resp.getheader("Retry-After")
-            time.sleep(min(float(wait), 10.0) if wait and wait.replace(".", "", 1).isdigit() else backoff * 2 ** attempt)
+            told = wait and wait.replace(".", "", 1).isdigit()
+            time.sleep(min(float(wait), 10.0) if told else backoff * 2 ** attempt)
             continue
         raise RemoteError(_error_text(resp.status, raw, ep))
     raise AssertionError("unreachable")
