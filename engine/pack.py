@@ -189,7 +189,8 @@ def open_pack(src: GGUFFile, progress=None, log=None, full_check: bool = False) 
         out = locate_pack(ident, key)
         if out.exists():
             try:
-                g = verify_pack(out, ident, None if full_check else pack_check.SAMPLE_UNITS, progress)
+                g = (verify_pack(out, ident, None, progress) if full_check  # every unit: a visible step
+                     else verify_pack(out, ident))
                 _record_path(out).unlink(missing_ok=True)  # a crash after the rename can leave it
                 return g
             except ModelFileError as e:

@@ -60,15 +60,18 @@ def check(path: Path, tensors, header_len: int, table: np.ndarray, sample: int |
             pick.add(k)
             nbytes += us[k][1]
         pick = sorted(pick)
-    fd = os.open(path, os.O_RDONLY)
     try:
-        for i, k in enumerate(pick):
-            off, n = us[k]
-            data = os.pread(fd, n, off)
-            if len(data) != n or crc(data) != int(table[k]):
-                return f"checksum mismatch at byte {off} ({n} bytes)"
-            if progress and (i % 64 == 0 or i == len(pick) - 1):
-                progress("verify", i + 1, len(pick))
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for i, k in enumerate(pick):
+                off, n = us[k]
+                data = os.pread(fd, n, off)
+                if len(data) != n or crc(data) != int(table[k]):
+                    return f"checksum mismatch at byte {off} ({n} bytes)"
+                if progress and (i % 64 == 0 or i == len(pick) - 1):
+                    progress("verify", i + 1, len(pick))
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
     return None
