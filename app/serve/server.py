@@ -102,7 +102,11 @@ class Api:
         split = req.kind == "chat" and (req.reasoning or self.reasoning) == "split"
         view = ReplyView(opened=prep.opened_think and req.kind == "chat", split=split, tools=bool(req.tools))
         if req.stream:
-            return EventSourceResponse(self._stream(job, shaper, view, req), sep="\n", ping=10)
+            async def gone(_message) -> None:  # also when the stream had not begun yet
+                job.cancel.set()
+
+            return EventSourceResponse(self._stream(job, shaper, view, req), sep="\n", ping=10,
+                                       client_close_handler_callable=gone)
         return await self._whole(request, job, shaper, view)
 
     # -- running a job --
