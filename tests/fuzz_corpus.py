@@ -152,7 +152,8 @@ def small_vocab(n: int = 640) -> tuple:
 
 
 BASES = (("qwen3moe", {}), ("qwen2moe", {}), ("llama_moe", {}), ("olmoe", {}), ("ds2_lite", {}),
-         ("ds2_v3", {}), ("qwen3moe", {"expert_dtype": "q8_0"}), ("llama_moe", {"dtype": "f16"}))
+         ("ds2_v3", {}), ("qwen3moe", {"expert_dtype": "q8_0"}), ("llama_moe", {"dtype": "f16"}),
+         ("ds2_v3", {"expert_dtype": "q4_0"}), ("qwen2moe", {"dtype": "q5_1"}))
 
 
 def synth_doc(preset: str, seed: int = 0, **kw) -> Doc:
