@@ -4,7 +4,6 @@ and posts its progress; the model in use stays until the new one has loaded
 meanwhile is shown as waiting and sent once the model is ready."""
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from textual.message import Message
 from textual.widgets import ProgressBar, Static
 
+from ...engine.memory import release_freed
 from .context_meter import ContextMeter
 from .message import MessageView
 from .plain_words import plain_note, progress_label
@@ -115,7 +115,7 @@ class ModelLoading:
             return
         if self.model is not None:  # let go of the old model (and its KV cache) before using the new
             self.model = self.engine_chat = self._engine_model = None
-            gc.collect()
+            release_freed()
         self.model = ev.model
         for n in getattr(ev.model, "notes", ()):
             if plain_note(n):  # "" for notes whose news the loading panel gave live
