@@ -153,7 +153,7 @@ def test_disconnect_mid_stream_cancels_and_the_next_request_is_served(srv, clien
             break
     stream.close()
     m = srv.wait_line(r"chat: .* (\d+) generated, .* finish (\w+)", 120, start=mark)
-    assert m.group(2) == "cancelled" and int(m.group(1)) < 100
+    assert m.group(2) == "cancelled" and int(m.group(1)) < 100, "\n".join(srv.lines[mark:])
     assert chat(client, max_tokens=2).usage.completion_tokens == 2
 
 

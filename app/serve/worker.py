@@ -159,10 +159,10 @@ class Worker:
                     final = ev
                 elif job.live:
                     job.put(ev)
-            job.put(Done(final, len(p.ids), self.session.critical_stats()))
             self.log(f"{p.req.kind}: prompt {len(p.ids)} tokens ({len(p.ids) - final.prompt_tokens} cached), "
                      f"{final.completion_tokens} generated, {final.decode_tok_s:.1f} tok/s, "
-                     f"finish {final.finish_reason}")
+                     f"finish {final.finish_reason}")  # before the client hears of the end
+            job.put(Done(final, len(p.ids), self.session.critical_stats()))
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
             self.session.reset()  # the cache may hold a half-run prompt
             self.log(f"{p.req.kind}: failed: {type(e).__name__}: {e}")
