@@ -1,0 +1,180 @@
+"""How much of the demo survives a critical-set size r < k, and why (issue: the
+demo must show the residual split). A study, not a product path: it re-runs the
+demo's MoE layers in float from the same formats the pack uses (WQ and WR from the
+joint quantizer, D4 for a critical expert's down, WQ for the others' down), with
+the critical set chosen per token by one of
+
+  router  the router's order (the demo's router is uniform: lowest ids first,
+          what the product does today);
+  output  each expert's W_Q output size, ||silu(x·WgQ)*(x·WuQ)|| x ||WdQ||, which
+          the schedule computes anyway;
+  oracle  the true gain ||y_critical - y_WQ|| (an upper bound no runtime has);
+
+and the experts of each layer either as the demo cuts them (contiguous slices of
+the dense FFN) or regrouped by co-activation on calibration text (MoEfication: a
+permutation of the hidden units, exact in float; `block32` keeps Q4_1's 32-wide
+blocks whole so the file stays bit-exact, `neuron` moves single units).
+
+    python scripts/demo_split_study.py --group none,block32,neuron --select router,output,oracle --r 4,8,12
+
+Prints perplexity and KL against the full-precision demo on held-out tokens of
+assets/calibration.txt (prefill logits), per setting; a fractional r is a share
+threshold (r_t = how many experts carry more than r/E of the token's score).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from rapidmoe.engine import kernels
+from rapidmoe.engine.calibrate import calibration_text
+from rapidmoe.engine.demo import N_EXPERT as E, demo_model_path
+from rapidmoe.engine.evaluate import divergence, perplexity
+from rapidmoe.engine.model import load_model
+
+
+def tensor(reader_tensors, name: str) -> torch.Tensor:
+    t = reader_tensors[name]
+    shape = [int(s) for s in reversed(t.shape)]
+    return torch.from_numpy(dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
+
+
+def requant(fmt: str, w: torch.Tensor):
+    """w [rows, n] through the pack's quantizer and back."""
+    rows, n = w.shape
+    a = np.ascontiguousarray(w.numpy())
+    if fmt == "wq+wr":
+        q, r = kernels.resplit_quantize_wq_wr(a)
+        return (torch.from_numpy(kernels.resplit_dequantize("wq", q, n)).view(rows, n),
+                torch.from_numpy(kernels.resplit_dequantize("wr", r, n)).view(rows, n))
+    return torch.from_numpy(kernels.resplit_dequantize(fmt, kernels.resplit_quantize(fmt, a), n)).view(rows, n)
+
+
+def balanced_groups(feat: torch.Tensor, k: int, iters: int = 12) -> torch.Tensor:
+    """k-means on the rows of feat, then k equal groups (largest cluster first takes
+    its nearest free rows) -> group per row."""
+    n, m = feat.shape[0], feat.shape[0] // k
+    g = torch.Generator().manual_seed(0)
+    c = feat[torch.randperm(n, generator=g)[:k]].clone()
+    for _ in range(iters):
+        a = torch.cdist(feat, c).argmin(1)
+        c = torch.stack([feat[a == j].mean(0) if (a == j).any() else c[j] for j in range(k)])
+    dist = torch.cdist(feat, c)
+    out = torch.full((n,), -1, dtype=torch.long)
+    for j in torch.argsort(torch.bincount(a, minlength=k), descending=True).tolist():
+        d = dist[:, j].clone()
+        d[out >= 0] = float("inf")
+        out[torch.topk(d, m, largest=False).indices] = j
+    return out
+
+
+def permutation(how: str, x, g, u, d) -> torch.Tensor:
+    ff = g.shape[0]
+    if how == "none":
+        return torch.arange(ff)
+    c = (F.silu(x @ g.T) * (x @ u.T)).abs() * d.norm(dim=0)[None]  # [T, ff]: each unit's output size
+    if how == "block32":
+        c = c.view(c.shape[0], -1, 32).pow(2).sum(2).sqrt()  # [T, ff/32]
+    feat = c.T / (c.T.norm(dim=1, keepdim=True) + 1e-9)
+    order = torch.argsort(balanced_groups(feat, E), stable=True)
+    return (order[:, None] * 32 + torch.arange(32)).reshape(-1) if how == "block32" else order
+
+
+class StudyExperts:
+    """Replaces a layer's experts: all E routed with weight 1/E (as the demo routes)."""
+
+    def __init__(self, P: dict, r, select: str):
+        self.P, self.r, self.select, self.mean_r = P, r, select, []
+
+    def __call__(self, x, ids, w, step=None):
+        P, T = self.P, x.shape[0]
+        f = P["g"].shape[0] // E
+        hq = (F.silu(x @ P["gq"].T) * (x @ P["uq"].T)).view(T, E, f)
+        hc = (F.silu(x @ P["gc"].T) * (x @ P["uc"].T)).view(T, E, f)
+        yq = torch.einsum("tef,hef->teh", hq, P["dq"].view(-1, E, f))
+        yc = torch.einsum("tef,hef->teh", hc, P["d4"].view(-1, E, f))
+        if self.select == "router":
+            score = -torch.arange(E, dtype=torch.float32).expand(T, E)
+        elif self.select == "output":
+            score = hq.norm(dim=2) * P["dq_norm"][None]
+        else:
+            score = (yc - yq).norm(dim=2)
+        if isinstance(self.r, float):
+            share = score.clamp(min=0) / score.clamp(min=0).sum(1, keepdim=True).clamp(min=1e-12)
+            lead = torch.cumprod((share.sort(1, descending=True).values > self.r / E).int(), 1).sum(1)
+        else:
+            lead = torch.full((T,), self.r)
+        self.mean_r.append(lead.float().mean().item())
+        rank = torch.argsort(torch.argsort(score, 1, descending=True), 1)
+        return torch.where((rank < lead[:, None])[:, :, None], yc, yq).sum(1) / E
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--group", default="none,block32,neuron")
+    ap.add_argument("--select", default="router,output,oracle")
+    ap.add_argument("--r", default="2,4,8,12,1.0", help="whole r, or a fractional share threshold")
+    ap.add_argument("--calib-tokens", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=384)
+    args = ap.parse_args()
+    torch.set_num_threads(kernels.num_threads())
+    rs = [float(v) if "." in v else int(v) for v in args.r.split(",")]
+    model = load_model("demo", n_ctx=max(args.calib_tokens, args.tokens))
+    blocks = model.net.blocks
+    toks = model.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)
+    calib, held = toks[:args.calib_tokens], toks[args.calib_tokens:args.calib_tokens + args.tokens]
+
+    originals = [b.ffn.experts for b in blocks]
+    xs = []
+    for b, o in zip(blocks, originals):  # each layer's FFN input on the calibration tokens
+        b.ffn.experts = lambda x, ids, w, step=None, o=o: (xs.append(x.clone()), o(x, ids, w, step))[1]
+    model.runner.prefill(calib, 0, model.runner.new_cache(len(calib)))
+    for b, o in zip(blocks, originals):
+        b.ffn.experts = o
+
+    def held_logits():
+        return model.runner.prefill(held, 0, model.runner.new_cache(len(held)))[0].numpy()
+
+    base = held_logits()
+    print(f"full precision: ppl {perplexity(held, base):.2f} on {len(held)} tokens")
+    tensors = {t.name: t for t in GGUFReader(str(demo_model_path())).tensors}
+    for group in args.group.split(","):
+        t0, layers = time.time(), []
+        for il, x in enumerate(xs):
+            g = tensor(tensors, f"blk.{il}.ffn_gate_exps.weight").reshape(-1, x.shape[1])
+            u = tensor(tensors, f"blk.{il}.ffn_up_exps.weight").reshape(-1, x.shape[1])
+            d = tensor(tensors, f"blk.{il}.ffn_down_exps.weight")  # [E, H, f] (x E, as the demo scales it)
+            d = d.permute(1, 0, 2).reshape(d.shape[1], -1)
+            p = permutation(group, x, g, u, d)
+            g, u, d = g[p], u[p], d[:, p].contiguous()
+            f = g.shape[0] // E
+            (gq, gr), (uq, ur) = requant("wq+wr", g), requant("wq+wr", u)
+            dq = torch.cat([requant("wq", d[:, e * f:(e + 1) * f].contiguous()) for e in range(E)], 1)
+            d4 = torch.cat([requant("d4", d[:, e * f:(e + 1) * f].contiguous()) for e in range(E)], 1)
+            layers.append(dict(g=g, gq=gq, gc=gq + gr, uq=uq, uc=uq + ur, dq=dq, d4=d4,
+                               dq_norm=dq.view(-1, E, f).norm(dim=(0, 2))))
+        print(f"experts grouped by {group} in {time.time() - t0:.0f} s", flush=True)
+        for select in args.select.split(","):
+            for r in rs:
+                if select == "router" and isinstance(r, float):
+                    continue
+                study = [StudyExperts(P, r, select) for P in layers]
+                for b, s in zip(blocks, study):
+                    b.ffn.experts = s
+                lg = held_logits()
+                dv = divergence(base, lg)
+                mean_r = float(np.mean([np.mean(s.mean_r) for s in study]))
+                print(f"group={group:8s} select={select:7s} r={r!s:5s} mean r {mean_r:5.2f}  "
+                      f"ppl {perplexity(held, lg):9.2f}  KL {dv.kl_mean:.4f}  top-1 {dv.top1:.3f}", flush=True)
+        for b, o in zip(blocks, originals):
+            b.ffn.experts = o
+
+
+if __name__ == "__main__":
+    main()
