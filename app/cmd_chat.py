@@ -64,6 +64,9 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="chat through an OpenAI-compatible server (URL ends in /v1; -m names its model, "
+                        "RAPIDMOE_ENDPOINT_KEY its key); a configured one: -m PROVIDER[:MODEL]")
     p.add_argument("-p", "--prompt", default=None, help="one prompt ('-' reads stdin); without it: the TUI")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
@@ -148,20 +151,35 @@ def run_prompt(args, prompt: str) -> int:
     from ..engine.generate import ChatSession, Session
     from ..engine.sampling import SamplingParams
     from .config import load_config
+    from .remote.client import RemoteError
 
     # a bad config, bad flags and a bad --chat id fail before anything is loaded or converted
     cfg = load_config()
     SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args)).validate()
     if args.raw and args.system:
         raise UserError("--system has no effect with --raw")
-    apply_config(args, cfg)
+    if getattr(args, "endpoint", None) is None:  # with --endpoint, -m alone names the server's model
+        apply_config(args, cfg)
+    remote = remote_endpoint(args)
     store, stored = (None, None) if args.raw else _open_history(args)
-    model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
-    # the model's own defaults < config.toml [sampling] < flags, as in the TUI
-    params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
-              .with_overrides(**sampling_overrides(args)))
+    if remote is None:
+        model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
+        # the model's own defaults < config.toml [sampling] < flags, as in the TUI
+        params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
+                  .with_overrides(**sampling_overrides(args)))
+    else:  # the server's model: config.toml [sampling] < flags, sent with each request
+        model = None
+        params = SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
-    if args.raw:
+    if remote is not None:
+        from .remote.chat import RemoteChat
+
+        system = args.system if args.system is not None else stored.system if stored else cfg.system
+        chat = RemoteChat(remote, system=system or None, params=params)
+        if stored is not None:
+            chat.messages += store.context(stored.id)
+        events = chat.send(prompt, cancel=cancel)
+    elif args.raw:
         sess = Session(model, params)
         events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
     else:
@@ -182,6 +200,16 @@ def run_prompt(args, prompt: str) -> int:
                     out.flush()
             elif isinstance(ev, Finished):
                 final = ev
+    except RemoteError as e:  # the server failed: what came is kept, marked cut, and the error is one line
+        if args.json:
+            out.write(json.dumps({"text": e.partial, "finish_reason": "cut"}) + "\n")
+        elif text_parts:
+            out.write("\n")
+        out.flush()
+        if store is not None and not args.no_history and e.partial:
+            _record(args, store, stored, prompt, Finished("cut", e.partial, 0, len(text_parts), 0.0, 0.0, 0.0, 0, 0),
+                    system, chat.answered_by)
+        raise
     except KeyboardInterrupt:
         cancel.set()
         if args.json:
@@ -196,22 +224,41 @@ def run_prompt(args, prompt: str) -> int:
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
             "ttft_s": round(final.ttft_s, 4), "prompt_tok_s": round(final.prompt_tok_s, 2),
             "decode_tok_s": round(final.decode_tok_s, 2), "finish_reason": final.finish_reason,
-            "placement": model.placement, "plan_mode": model.plan.mode if model.plan else None,
+            "placement": model.placement if model else None,
+            "plan_mode": model.plan.mode if model and model.plan else None,
+            **({"answered_by": chat.answered_by} if remote else {}),
         }) + "\n")
     else:
         if not final.text.endswith("\n"):
             out.write("\n")
         if final.finish_reason == "context":
             print("rapidmoe-chat: stopped: the context window is full (raise --ctx)", file=sys.stderr)
-    if args.verbose:
-        print(f"prompt: {final.prompt_tokens} tokens, {final.prompt_tok_s:.1f} tok/s | "
+    if args.verbose:  # a server's prompt speed is not seen from here: its tokens, and TTFT, are
+        prompt_rate = f", {final.prompt_tok_s:.1f} tok/s" if model else ""
+        print(f"prompt: {final.prompt_tokens} tokens{prompt_rate} | "
               f"decode: {final.completion_tokens} tokens, {final.decode_tok_s:.1f} tok/s | "
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
-        print(f"placement: {model.placement}", file=sys.stderr)
+        print(f"placement: {model.placement}" if model else f"answered by: {chat.answered_by} ({remote.base_url})",
+              file=sys.stderr)
     out.flush()
     if store is not None and not args.no_history:  # after the reply is out: a failed write never loses it
-        _record(args, store, stored, prompt, final, system)
+        _record(args, store, stored, prompt, final, system, chat.answered_by if remote else None)
     return 0
+
+
+def remote_endpoint(args):
+    """--endpoint URL, or -m naming a provider of config.toml -> its Endpoint; None: a local model.
+    What only a local model has is refused in one line."""
+    from .remote.providers import resolve
+
+    ep = resolve(args.model, getattr(args, "endpoint", None))
+    if ep is None:
+        return None
+    for flag, given in (("--raw", getattr(args, "raw", False)), ("--critical", args.critical is not None),
+                        ("--precision", args.precision is not None)):
+        if given:
+            raise UserError(f"{flag} applies to local models only, not to {ep.name or ep.base_url}")
+    return ep
 
 
 def _open_history(args):
@@ -236,17 +283,20 @@ def _open_history(args):
     return store, None
 
 
-def _record(args, store, chat, prompt: str, final: Finished, system: str | None) -> None:
+def _record(args, store, chat, prompt: str, final: Finished, system: str | None,
+            answered_by: str | None = None) -> None:
     """Keep the exchange in the chat history (a new chat, or the continued one), prompt and
-    reply in one transaction."""
+    reply in one transaction. answered_by: provider:NAME/MODEL for a reply from a server."""
     stats = {"completion_tokens": final.completion_tokens, "decode_tok_s": round(final.decode_tok_s, 2),
              "prompt_tok_s": round(final.prompt_tok_s, 2), "ttft_s": round(final.ttft_s, 4),
              "finish_reason": final.finish_reason}
+    if answered_by:
+        stats["answered_by"] = answered_by
     if chat is not None and not store.has_chat(chat.id):
         chat = None  # deleted while the reply was written (in the TUI): the exchange becomes a new chat
     try:
         store.add_exchange(chat.id if chat else None, prompt, final.text, stats,
                            title=" ".join(prompt.split())[:60] or "New chat",
-                           model=str(args.model or "demo"), system=system or "")
+                           model=answered_by or str(args.model or "demo"), system=system or "")
     except UserError as e:
         raise UserError(f"the reply above was not saved in the chat history: {e}") from None

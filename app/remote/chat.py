@@ -21,8 +21,8 @@ class RemoteChat:
 
     @property
     def answered_by(self) -> str:
-        """provider:model, as the history records it."""
-        return f"{self.endpoint.name or self.endpoint.base_url}:{self.endpoint.model or ''}"
+        """provider:NAME/MODEL (NAME: the base URL for --endpoint), as the history records it."""
+        return f"provider:{self.endpoint.name or self.endpoint.base_url}/{self.endpoint.model or ''}"
 
     def send(self, user_text: str, cancel: threading.Event | None = None,
              params: SamplingParams | None = None) -> Iterator:

@@ -1,0 +1,104 @@
+"""-p through a provider: our own `serve` on the demo model named in config.toml (or
+given by --endpoint); the reply streams, its speed is shown, and the history records
+which provider and model answered, a reply cut by a dying server included."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from serve_helpers import Server
+from test_cli import cli, one_line_error
+
+KEY = "remote-cli-key"
+ARGS = ("--temp", "0", "--max-tokens", "6")
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("-m", "demo", "--precision", "full", "--api-key", KEY)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def home(tmp_path, srv):
+    """Config and history of their own; the provider `local` is the server, its key in LOCAL_KEY."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.toml").write_text(
+        f'[providers.local]\nbase_url = "{srv.base_url}"\napi_key_env = "LOCAL_KEY"\nmodel = "demo"\n')
+    return tmp_path, {"RAPIDMOE_CONFIG_DIR": str(tmp_path / "config"), "RAPIDMOE_DATA_DIR": str(tmp_path / "data"),
+                      "LOCAL_KEY": KEY}
+
+
+def history(tmp_path):
+    db = sqlite3.connect(next((tmp_path / "data").rglob("*.db")))
+    try:
+        chats = db.execute("SELECT id, model FROM chats ORDER BY id").fetchall()
+        msgs = db.execute("SELECT chat_id, role, content, stats FROM messages ORDER BY id").fetchall()
+    finally:
+        db.close()
+    return chats, [(c, r, t, json.loads(s) if s else None) for c, r, t, s in msgs]
+
+
+def test_prompt_through_a_provider_streams_and_is_recorded(home, srv):
+    tmp_path, env = home
+    a = cli("-m", "local:demo", "-p", "Say hi", *ARGS, "--json", env=env)
+    assert a.returncode == 0, a.stderr
+    first = json.loads(a.stdout)
+    assert first["answered_by"] == "provider:local/demo" and first["completion_tokens"] == 6
+    assert first["finish_reason"] == "length" and first["ttft_s"] > 0 and first["placement"] is None
+    _, body = srv.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}],
+                                                           "max_tokens": 6, "temperature": 0},
+                          {"Authorization": f"Bearer {KEY}"})
+    assert first["text"] == body["choices"][0]["message"]["content"]  # the server's reply, as it gives it
+    # the default model of the provider, a continued chat, streamed text and the speed on stderr
+    b = cli("-m", "local", "-p", "And again", "--continue", *ARGS, "--verbose", env=env)
+    assert b.returncode == 0, b.stderr
+    assert "decode: 6 tokens" in b.stderr and "tok/s" in b.stderr and "TTFT" in b.stderr
+    assert "answered by: provider:local/demo" in b.stderr
+    chats, msgs = history(tmp_path)
+    assert chats == [(chats[0][0], "provider:local/demo")]
+    assert [(r, t) for _, r, t, _ in msgs][:2] == [("user", "Say hi"), ("assistant", first["text"])]
+    assert msgs[3][2] + "\n" == b.stdout
+    assert [m[3]["answered_by"] for m in msgs if m[1] == "assistant"] == ["provider:local/demo"] * 2
+    assert json.loads(a.stdout)["prompt_tokens"] < int(b.stderr.split("prompt: ")[1].split()[0])  # history sent
+
+
+def test_endpoint_flag_and_refusals_are_one_line(home, srv):
+    tmp_path, env = home
+    r = cli("--endpoint", srv.base_url, "-m", "demo", "-p", "Say hi", *ARGS, "--json", "--no-history",
+            env={**env, "RAPIDMOE_ENDPOINT_KEY": KEY})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["answered_by"] == f"provider:{srv.base_url}/demo"
+    assert "401" in one_line_error(cli("--endpoint", srv.base_url, "-p", "hi", *ARGS, env=env))  # no key
+    assert "local models only" in one_line_error(cli("-m", "local", "--critical", "2", "-p", "hi", env=env))
+    (tmp_path / "config" / "config.toml").write_text('[providers.gone]\nbase_url = "http://127.0.0.1:9/v1"\n')
+    assert "cannot reach" in one_line_error(cli("-m", "gone:x", "-p", "hi", env=env))
+
+
+def test_a_reply_cut_by_the_server_is_kept_marked(home, srv):
+    """Last: it ends the module's server."""
+    tmp_path, env = home
+    proc = subprocess.Popen([sys.executable, "-m", "rapidmoe.app.cli", "-m", "local", "-p",
+                             "Count from 1 to 500, separated by commas.", "--temp", "0", "--max-tokens", "3000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+    got = b""
+    while len(got) < 5:  # the reply is streaming: the server dies under it
+        chunk = os.read(proc.stdout.fileno(), 256)
+        assert chunk, proc.stderr.read()
+        got += chunk
+    srv.proc.kill()
+    out, err = proc.communicate(timeout=120)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "ended before the reply" in lines[0], err
+    _, msgs = history(tmp_path)
+    assert msgs[-1][1] == "assistant" and msgs[-1][3]["finish_reason"] == "cut"
+    assert msgs[-1][2].startswith(got.decode()) and (got + out).decode().startswith(msgs[-1][2])
