@@ -3,8 +3,10 @@ given by --endpoint); the reply streams, its speed is shown, and the history rec
 which provider and model answered, a reply cut by a dying server included."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -78,10 +80,50 @@ def test_endpoint_flag_and_refusals_are_one_line(home, srv):
             env={**env, "RAPIDMOE_ENDPOINT_KEY": KEY})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["answered_by"] == f"provider:{srv.base_url}/demo"
-    assert "401" in one_line_error(cli("--endpoint", srv.base_url, "-p", "hi", *ARGS, env=env))  # no key
     assert "local models only" in one_line_error(cli("-m", "local", "--critical", "2", "-p", "hi", env=env))
     (tmp_path / "config" / "config.toml").write_text('[providers.gone]\nbase_url = "http://127.0.0.1:9/v1"\n')
     assert "cannot reach" in one_line_error(cli("-m", "gone:x", "-p", "hi", env=env))
+
+
+def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
+    """A provider's model loads as the TUI's model: the picker lists what the server serves,
+    the reply streams with its tok/s, and the history says who answered."""
+    from textual.widgets import OptionList
+
+    from rapidmoe.app.config import load_config
+    from rapidmoe.app.store import ChatStore
+    from rapidmoe.app.tui.app import ChatApp
+    from rapidmoe.app.tui.backend import EngineBackend
+    from tui_helpers import SIZE, ready, send, wait_for
+
+    tmp_path, env = home
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    async def main():
+        app = ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
+                      store=ChatStore(tmp_path / "h.db"), model="local:demo",
+                      overrides={"temperature": 0.0, "max_tokens": 6})
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            assert scr.model.name == "demo @ local" and scr.model.n_ctx == 4096
+            # our own serve says where its model lives: the status bar shows it
+            assert scr.model.placement.startswith("local · ") and len(scr.model.placement) > 10
+            assert scr.model.placement in str(scr.status.line_text())
+            await send(pilot, "Say hi")
+            await wait_for(pilot, lambda: not scr.generating)
+            f = scr.last_final
+            assert f.completion_tokens == 6 and f.decode_tok_s > 0
+            assert re.search(r"decode \d+\.\d tok/s", str(scr.status.line_text()))
+            msgs = app.store.messages(scr.chat.id)
+            assert msgs[-1].stats["answered_by"] == "provider:local/demo" and msgs[-1].content == f.text
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: app.screen is not scr)
+            ids = [o.id for o in app.screen.query_one(OptionList)._options]
+            assert "local:demo" in ids and "demo" in ids
+            await pilot.press("escape")
+
+    asyncio.run(main())
 
 
 def test_a_reply_cut_by_the_server_is_kept_marked(home, srv):

@@ -54,7 +54,11 @@ class EngineBackend:
 
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
         from ...engine.model import load_model
+        from ..remote.providers import resolve
 
+        remote = resolve(spec)  # PROVIDER[:MODEL] of config.toml: chats go to that server
+        if remote is not None:
+            return load_remote(spec, remote, progress)
         notes: list[str] = []
         # "demo", a path, or repo[:quant] (pulled, resumably, when the HF cache lacks it)
         m = load_model(spec, n_ctx=n_ctx or None, progress=progress,
@@ -68,5 +72,32 @@ class EngineBackend:
 
     def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams):
         from ...engine.generate import ChatSession
+        from ..remote.client import Endpoint
 
+        if isinstance(model.handle, Endpoint):
+            from ..remote.chat import RemoteChat
+
+            return RemoteChat(model.handle, system=system or None, params=params)
         return ChatSession(model.handle, system=system or None, params=params)
+
+
+def load_remote(spec: str, ep, progress: Progress) -> LoadedModel:
+    """A provider's model: asked for once (/v1/models), so a wrong URL, key or model name
+    fails here, in one line. The server's own defaults and context apply; our `serve` also
+    says where its model lives, which the status bar shows."""
+    from ...engine.errors import UserError
+    from ..remote.client import list_models
+
+    where = ep.name or ep.base_url
+    progress(f"connect {where}", 0, 1)
+    models = list_models(ep)
+    entry = next((m for m in models if m["id"] == ep.model), None)
+    if entry is None and models:
+        raise UserError(f"{where} serves {', '.join(m['id'] for m in models[:8])}, not {ep.model}")
+    entry = entry or {}
+    progress(f"connect {where}", 1, 1)
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    n_ctx = entry.get("context_length") or entry.get("max_model_len") or 0
+    placement = f"{where} · {meta['placement']}" if meta.get("placement") else f"server {ep.base_url}"
+    return LoadedModel(spec=spec, name=f"{ep.model} @ {where}", n_ctx=int(n_ctx) if isinstance(n_ctx, int) else 0,
+                       defaults=SamplingParams(), placement=placement, handle=ep)

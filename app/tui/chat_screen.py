@@ -311,7 +311,7 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         stats = {"finish_reason": f.finish_reason, "prompt_tokens": f.prompt_tokens,
                  "completion_tokens": f.completion_tokens, "ttft_s": round(f.ttft_s, 4),
                  "prompt_tok_s": round(f.prompt_tok_s, 2), "decode_tok_s": round(f.decode_tok_s, 2),
-                 "context_used": f.context_used, "context_size": f.context_size}
+                 "context_used": f.context_used, "context_size": f.context_size, **self._answered_by()}
         msg = self.app.store.add_message(self.chat.id, "assistant", f.text, stats)
         ev.view.message_id = msg.id
         await ev.view.finish(f.text, _footer(f))
@@ -334,11 +334,24 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
             self.generating = False
         await self._run_deferred()
 
+    def _answered_by(self) -> dict:
+        """A provider's reply records who answered: {"answered_by": "provider:NAME/MODEL"}."""
+        by = getattr(self.engine_chat, "answered_by", None)
+        return {"answered_by": by} if by else {}
+
     async def _show_reply_failed(self, ev: ReplyFailed) -> None:
         self._current = None
         self.status.set_state("")
-        await ev.view.remove()
         err = ev.error
+        partial = getattr(err, "partial", "")
+        if partial and self.chat is not None:  # a server failed mid-reply: what came is kept, marked cut
+            stats = {"finish_reason": "cut", "cut": "server", **self._answered_by()}
+            msg = self.app.store.add_message(self.chat.id, "assistant", partial, stats)
+            ev.view.message_id = msg.id
+            await ev.view.finish(partial, "cut: the server failed")
+            self.note(str(err), "error")
+            return
+        await ev.view.remove()
         self.note(str(err) if isinstance(err, UserError) else f"generation failed: {type(err).__name__}: {err}",
                   "error")
         # a prompt that could not be answered goes back into the input, not into the history

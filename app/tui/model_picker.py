@@ -38,6 +38,29 @@ def available_models() -> list[tuple[str, str]]:
     return out
 
 
+def provider_models(timeout: float = 2.0) -> list[tuple[str, str]]:
+    """(PROVIDER:MODEL, label) of what each provider of config.toml serves (its /v1/models);
+    a provider that does not answer is one disabled line, not a picker that will not open."""
+    from ..remote.client import list_models
+    from ..remote.providers import load_providers
+
+    out = []
+    try:
+        providers = load_providers()
+    except Exception as e:  # noqa: BLE001 - a bad [providers] block says so when one is loaded
+        return [("", f"(providers unreadable: {e})")]
+    for name, ep in providers.items():
+        try:
+            models = list_models(ep, timeout=timeout)
+        except Exception as e:  # noqa: BLE001
+            out.append(("", f"{name} · {ep.base_url} · {' '.join(str(e).split())[:80]}"))
+            continue
+        for m in models:
+            ctx = m.get("context_length") or m.get("max_model_len")
+            out.append((f"{name}:{m['id']}", f"{name}:{m['id']} · {ep.base_url}{f' · {ctx} ctx' if ctx else ''}"))
+    return out
+
+
 def _first_use(path) -> str:
     """' · first use: about 25 min to convert, 17.6 GiB of disk' until the model's pack is made."""
     from ...engine.pack_cost import first_use_label
@@ -88,6 +111,12 @@ class ModelPicker(ModalScreen[str | None]):
             for spec, label in available_models():
                 mark = "● " if spec == self.current else "  "
                 opts.append(Option(mark + label, id=spec or None, disabled=not spec))
+            remote = provider_models()
+            if remote:
+                opts.append(Option("Providers (config.toml)", disabled=True))
+                for spec, label in remote:
+                    mark = "● " if spec and spec == self.current else "  "
+                    opts.append(Option(mark + label, id=spec or None, disabled=not spec))
             try:
                 rec = recommended_models()
             except Exception as e:  # hardware detection must not keep the picker from opening
