@@ -233,8 +233,8 @@ def run_prompt(args, prompt: str) -> int:
             out.write("\n")
         if final.finish_reason == "context":
             print("rapidmoe-chat: stopped: the context window is full (raise --ctx)", file=sys.stderr)
-    if args.verbose:  # a server's prompt speed is not seen from here: its tokens, and TTFT, are
-        prompt_rate = f", {final.prompt_tok_s:.1f} tok/s" if model else ""
+    if args.verbose:  # a server's prompt speed only when it reports one (`timings`)
+        prompt_rate = f", {final.prompt_tok_s:.1f} tok/s" if model or final.prompt_tok_s else ""
         print(f"prompt: {final.prompt_tokens} tokens{prompt_rate} | "
               f"decode: {final.completion_tokens} tokens, {final.decode_tok_s:.1f} tok/s | "
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)

@@ -168,6 +168,7 @@ def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: t
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(resp, lines), daemon=True).start()
     inline, text, n, t_first, use, finish = ThinkInline(), "", 0, None, None, None
+    timings, ours = {}, {}  # llama-server's and our serve's `timings`; our serve's `rapidmoe`
     last = time.monotonic()
     try:
         while True:
@@ -198,6 +199,8 @@ def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: t
                 raise RemoteError(f"{ep.name or ep.base_url}: {err.get('message') if isinstance(err, dict) else err}",
                                   text)
             use = chunk.get("usage") or use
+            timings = chunk.get("timings") if isinstance(chunk.get("timings"), dict) else timings
+            ours = chunk.get("rapidmoe") if isinstance(chunk.get("rapidmoe"), dict) else ours
             for ch in chunk.get("choices") or []:
                 d = ch.get("delta") or {}
                 piece = inline(d.get("reasoning_content") or d.get("reasoning") or "", d.get("content") or "")
@@ -218,9 +221,16 @@ def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: t
         tail = "\n</think>\n"
         text += tail
         yield TextDelta(tail, n, 0.0)
+    per_layer = ours.get("critical_per_layer")
+    if isinstance(per_layer, list) and per_layer:  # our serve's critical-set size r per MoE layer
+        live = (n - 1) / (time.perf_counter() - t_first) if t_first and n > 1 else 0.0
+        yield TextDelta("", n, live, tuple(float(v) for v in per_layer))
     end = time.perf_counter()
     n_out = (use or {}).get("completion_tokens") or n
     prompt = (use or {}).get("prompt_tokens") or 0
     rate = (n_out - 1) / (end - t_first) if t_first and n_out > 1 and end > t_first else 0.0
     reason = {"stop": "stop", "length": "length", "tool_calls": "stop", "cancelled": "cancelled"}.get(finish, "stop")
-    yield Finished(reason, text, prompt, n_out, (t_first - t0) if t_first else 0.0, 0.0, rate, prompt + n_out, 0)
+    prompt_rate = timings.get("prompt_per_second")  # only the server sees its prompt speed
+    prompt_rate = float(prompt_rate) if isinstance(prompt_rate, (int, float)) else 0.0
+    yield Finished(reason, text, prompt, n_out, (t_first - t0) if t_first else 0.0, prompt_rate, rate,
+                   prompt + n_out, 0)
