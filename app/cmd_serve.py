@@ -115,6 +115,7 @@ def run(args) -> int:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    sock = None
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
@@ -122,6 +123,8 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind(addr)
         sock.listen(128)
     except OSError as e:
+        if sock is not None:
+            sock.close()
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.set_inheritable(True)
     return sock

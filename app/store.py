@@ -330,7 +330,8 @@ class ChatStore:
 # Stored settings are sampling overrides: a name -> the JSON types its value may have.
 _PARAM_TYPES: dict[str, tuple[type, ...]] = {
     "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "min_p": (int, float),
-    "repeat_penalty": (int, float), "repeat_last_n": (int,), "seed": (int, type(None)),
+    "repeat_penalty": (int, float), "repeat_last_n": (int,), "frequency_penalty": (int, float),
+    "presence_penalty": (int, float), "seed": (int, type(None)),
     "max_tokens": (int,), "stop": (list,),
 }
 

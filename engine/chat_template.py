@@ -286,5 +286,5 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str, e
     except jinja2.exceptions.SecurityError as e:
         raise UserError(f"the chat template tried something unsafe: {_one_line(e)}") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
-            ZeroDivisionError, RecursionError) as e:
+            ZeroDivisionError, OverflowError, RecursionError) as e:
         raise UserError(f"the chat template failed: {type(e).__name__}: {_one_line(e)}") from None

@@ -84,6 +84,7 @@ def test_default_template_is_chatml():
     ("{{ 'x' * 10**10 }}", "unsafe"),
     ("{{ cycler.__init__.__globals__ }}", "unsafe"),
     ("{{ messages[3].content }}", "failed: UndefinedError"),
+    ("{{ 2.0 ** 1024 }}", "failed: OverflowError"),
 ])
 def test_bad_templates_are_one_line_user_errors(template, message):
     with pytest.raises(UserError, match=message) as e:

@@ -14,11 +14,11 @@ SCRIPT = textwrap.dedent("""
     from rapidmoe.engine.sampling import SamplingParams
 
     rss = lambda: psutil.Process().memory_info().rss
-    after, old = [], None
+    after = []
     for _ in range(3):
-        m = load_model("demo", critical="auto")  # loaded while the old one is still held, as the TUI does
+        m = load_model("demo", critical="auto")
         list(ChatSession(m, params=SamplingParams(max_tokens=6, seed=1)).send("hi"))
-        old = m = None  # the old model and this one's chat let go
+        m = None  # the model and its chat let go
         release_freed()
         after.append(rss())
     print(json.dumps(after))

@@ -134,3 +134,16 @@ def test_a_scratch_store_reads_the_history_and_writes_nothing(tmp_path):
     reopened = ChatStore(path)
     assert [x.title for x in reopened.list_chats()] == ["kept"] and reopened.get_state("last_model") == "demo"
     assert [m.content for m in reopened.messages(c.id)] == ["q", "a"]
+
+
+def test_every_sampling_setting_is_stored_and_read_back(tmp_path):
+    """What /set accepts (any SamplingParams field) reads back as it was saved, not as damaged settings."""
+    from dataclasses import fields
+
+    from rapidmoe.engine.sampling import SamplingParams
+
+    values = {"stop": ["END"], "seed": 7, "top_k": 5, "repeat_last_n": 32, "max_tokens": 9}
+    params = {f.name: values.get(f.name, 0.5) for f in fields(SamplingParams)}
+    s = ChatStore(tmp_path / "h.db")
+    c = s.create_chat("all", model="demo", params=params)
+    assert ChatStore(tmp_path / "h.db").get_chat(c.id).params == params

@@ -55,6 +55,11 @@ def _number(body: dict, key: str, lo: float | None = None, hi: float | None = No
             v = int(v)
         else:
             raise bad(f"'{key}' must be {kind}, not {json.dumps(v)[:40]}", key)
+    if not integer:
+        try:
+            v = float(v)
+        except OverflowError:  # an integer past float's range
+            raise bad(f"'{key}' must be finite", key) from None
     if isinstance(v, float) and not math.isfinite(v):
         raise bad(f"'{key}' must be finite", key)
     if lo is not None and (v < lo or (lo_open and v == lo)):
@@ -169,7 +174,7 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object", "messages")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad(f"{where}.role must be one of {', '.join(sorted(ROLES))}", "messages")
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
         content = _text_content(m.get("content"), where)
@@ -223,7 +228,7 @@ def _reasoning(body: dict) -> str | None:
     if v is None:
         return None
     names = {"split": "split", "deepseek": "split", "auto": "split", "inline": "inline", "none": "inline"}
-    if v not in names:
+    if not isinstance(v, str) or v not in names:
         raise bad("'reasoning_format' must be split or inline", "reasoning_format")
     return names[v]
 
