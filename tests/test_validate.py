@@ -9,7 +9,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -220,14 +219,12 @@ def test_plan_of_2_30_experts_is_one_line_and_small(tmp_path, docs):
     """It used to build n_layer x n_expert tuples until past 6 GB."""
     path = write(tmp_path, set_kv(docs["qwen3moe"], "qwen3moe.expert_count", U32, 1 << 30))
     env = dict(os.environ)
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", "import resource,sys; resource.setrlimit(resource.RLIMIT_AS,"
                         "(3<<30,3<<30)); from rapidmoe.app.cli import main; sys.exit(main(sys.argv[1:]))",
                         "plan", "-m", str(path)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "expert_count is 1073741824" in lines[0], r.stderr
-    assert time.monotonic() - t0 < 60
 
 
 def test_full_precision_goes_through_the_memory_check(tmp_path, docs):
