@@ -126,6 +126,42 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
     asyncio.run(main())
 
 
+def test_the_tui_keeps_a_reply_cut_by_a_dying_server(tmp_path, monkeypatch):
+    """A server of its own, killed while the TUI's reply streams: what came stays, marked cut."""
+    from rapidmoe.app.config import load_config
+    from rapidmoe.app.store import ChatStore
+    from rapidmoe.app.tui.app import ChatApp
+    from rapidmoe.app.tui.backend import EngineBackend
+    from rapidmoe.app.tui.message import MessageView
+    from tui_helpers import SIZE, notes, ready, send, wait_for
+
+    doomed = Server("-m", "demo", "--precision", "full")
+    try:
+        doomed.wait_ready()
+        (tmp_path / "config.toml").write_text(f'[providers.doomed]\nbase_url = "{doomed.base_url}"\n')
+        monkeypatch.setenv("RAPIDMOE_CONFIG_DIR", str(tmp_path))
+
+        async def main():
+            app = ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
+                          store=ChatStore(tmp_path / "h.db"), model="doomed:demo",
+                          overrides={"temperature": 0.0, "max_tokens": 3000})
+            async with app.run_test(size=SIZE) as pilot:
+                scr = await ready(pilot)
+                await send(pilot, "Count from 1 to 500, separated by commas.")
+                await wait_for(pilot, lambda: len(scr.query(MessageView).last().text) > 4)
+                doomed.proc.kill()
+                await wait_for(pilot, lambda: not scr.generating)
+                last = app.store.messages(scr.chat.id)[-1]
+                assert last.role == "assistant" and last.stats["finish_reason"] == "cut" and len(last.content) > 4
+                assert last.stats["answered_by"] == "provider:doomed/demo"
+                assert "ended before the reply" in notes(scr)[-1]
+                assert scr.query(MessageView).last().text == last.content
+
+        asyncio.run(main())
+    finally:
+        doomed.stop()
+
+
 def test_a_reply_cut_by_the_server_is_kept_marked(home, srv):
     """Last: it ends the module's server."""
     tmp_path, env = home
