@@ -117,6 +117,7 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
             assert re.search(r"decode \d+\.\d tok/s", str(scr.status.line_text()))
             msgs = app.store.messages(scr.chat.id)
             assert msgs[-1].stats["answered_by"] == "provider:local/demo" and msgs[-1].content == f.text
+            assert f"served by {srv.base_url}" in scr.loaded_text()
             await pilot.press("ctrl+l")
             await wait_for(pilot, lambda: app.screen is not scr)
             ids = [o.id for o in app.screen.query_one(OptionList)._options]

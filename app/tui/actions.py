@@ -235,6 +235,9 @@ class ChatActions:
         if m is None:
             return "no model loaded"
         handle = m.handle  # the engine's model; a stand-in backend may leave it None
+        if hasattr(handle, "base_url"):  # a provider's model: the server runs it
+            return (f"model {m.name} ({m.spec}) · served by {handle.base_url} · context {m.n_ctx or '?'} tokens\n"
+                    f"placement: {m.placement} (the server's, no residual split here)")
         plan = getattr(handle, "plan", None)
         mode = getattr(plan, "mode", None) or ("cpu (full precision)" if handle is not None else "—")
         size = f" · file {fmt_bytes(m.size_bytes)}" if m.size_bytes else ""
