@@ -11,7 +11,6 @@ appears in our messages.
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
@@ -39,7 +38,6 @@ __all__ = [
 ]
 
 _NET_ERRORS = (httpx2.TransportError, OfflineModeIsEnabled)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _PROTOCOL_ERRORS = (httpx2.TooManyRedirects, httpx2.DecodingError, httpx2.InvalidURL)
 
 
@@ -217,7 +215,7 @@ def _pull_file(ref: ModelRef, i: int, meta, endpoint: str, progress: ProgressFn 
         report(n, n, True)
         return
     sha256 = (ref.sha256[i] if ref.sha256 else None) or meta.etag
-    if size is None and not _SHA256.match(sha256 or ""):
+    if size is None and not hub_http.SHA256.match(sha256 or ""):
         raise UserError(f"{ref.repo}/{f}: {endpoint} gives neither its size nor its sha256, so a download "
                         "could not be checked; is HF_ENDPOINT a Hugging Face Hub?")
     folder = hc.repo_dir(ref.repo)

@@ -22,14 +22,13 @@ from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import WeakFileLock, build_hf_headers, get_session, hf_raise_for_status
 
 from .errors import UserError
-from .hub_http import client_timeout, same_origin, short, timeout_s
+from .hub_http import SHA256, client_timeout, same_origin, short, timeout_s
 
 _PIECE_LOG_S = 0.1  # at most this often a progress report mid-file
 _RETRIES = 5  # consecutive failed attempts without new bytes before giving up
 _ATTEMPTS = 30  # requests for one file in one run, whatever they brought
 _STALLS = 3  # read timeouts (a server that stops sending) for one file in one run
 _MIN_BYTES = 1024  # a body trickling slower than this per 3 read timeouts counts as a stall
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def _fetch_part(url: str, endpoint: str, part: Path, size: int | None, sha256: s
         done = 0
     resumed_from = done
     report(done, resumed_from, False)
-    hasher = hashlib.sha256() if sha256 and _SHA256.match(sha256) else None
+    hasher = hashlib.sha256() if sha256 and SHA256.match(sha256) else None
     if hasher and done:
         with part.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):

@@ -30,7 +30,7 @@ class NotAHub(UserError):
 
 MAX_REDIRECTS = 5
 MAX_JSON_BYTES = 64 << 20  # a repo with tens of thousands of files lists in a few MB
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")  # an LFS object id as the Hub gives it
 
 
 def timeout_s() -> float:
@@ -124,7 +124,7 @@ def _file(entry: dict, url: str) -> RepoFile:
     sha = lfs.get("sha256") or lfs.get("oid") if isinstance(lfs, dict) else None
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise _bad(url, f"size {str(size)[:20]!r}")
-    if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
+    if sha is not None and not (isinstance(sha, str) and SHA256.match(sha)):
         raise _bad(url, "an LFS sha256 that is not one")
     return RepoFile(size, sha)
 
