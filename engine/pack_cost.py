@@ -108,6 +108,13 @@ def model_rate(g) -> float:
     return done / max(dt, 1e-9)
 
 
+def last_rate() -> float | None:
+    """The rate recorded by the last conversion or measurement; None (and nothing
+    measured) when there is none."""
+    d = _read()
+    return float(d["weights_per_s"]) if d is not None else None
+
+
 def converter_rate(src=None) -> tuple[float, str]:
     """(weights per second, how it was measured) on this machine: on the source's
     own experts when an open GGUF is given, else the last conversion's rate or a

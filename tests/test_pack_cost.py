@@ -63,3 +63,11 @@ def test_the_loading_panel_counts_down_the_conversion(src):
     clock = ConversionClock()
     assert clock.left(0, 600_000_000) == " · about 30 s left"
     assert clock.left(600_000_000, 600_000_000) == ""
+
+
+def test_without_a_recorded_rate_the_panel_waits_for_the_conversion_s_own(tmp_path, monkeypatch):
+    """No rate is timed on the UI thread while a conversion keeps the CPU busy (it would
+    be recorded slow): the panel says nothing until the conversion has measured itself."""
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path))
+    clock = ConversionClock()
+    assert clock.left(0, 600_000_000) == "" and pack_cost.last_rate() is None

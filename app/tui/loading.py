@@ -32,14 +32,14 @@ class LoadDone(Message):
 
 
 class ConversionClock:
-    """Time left in a conversion: from the rate measured on this machine until the
-    conversion has run long enough to measure its own (engine/pack_cost.py)."""
+    """Time left in a conversion: from the rate recorded on this machine (if any) until
+    the conversion has run long enough to measure its own (engine/pack_cost.py)."""
 
     def __init__(self):
         self.t0, self.done0, self.rate = time.monotonic(), None, None
 
     def left(self, done: int, total: int) -> str:
-        from ...engine.pack_cost import converter_rate, fmt_duration
+        from ...engine.pack_cost import fmt_duration, last_rate
 
         if self.done0 is None or done < self.done0:
             self.t0, self.done0 = time.monotonic(), done
@@ -47,11 +47,8 @@ class ConversionClock:
         if dt >= 3 and done > self.done0:
             rate = (done - self.done0) / dt
         else:
-            if self.rate is None:
-                try:
-                    self.rate = converter_rate()[0]
-                except Exception:  # no estimate is better than a failed load
-                    self.rate = 0.0
+            if self.rate is None:  # a recorded rate; measuring now would time a busy machine
+                self.rate = last_rate() or 0.0
             rate = self.rate
         return f" · about {fmt_duration((total - done) / rate)} left" if rate > 0 and done < total else ""
 
