@@ -139,6 +139,65 @@ def test_providers_from_config(tmp_path):
         load_providers(conf, env={})
 
 
+class _OddServer:
+    """A real local HTTP server that answers as no OpenAI-compatible server should:
+    /models gives a JSON list, a first chat request gets a 500, later ones a stream
+    with junk lines around one real chunk. It records each chat request's messages."""
+
+    def __init__(self):
+        import http.server
+        import json
+
+        outer = self
+        self.requests: list[list[dict]] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status, body, kind="application/json"):
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, b"[1, 2]")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body["messages"])
+                if len(outer.requests) == 1:
+                    return self._send(500, b'{"error": {"message": "boom"}}')
+                junk = ["5", "[1]", '{"choices": [1, {"delta": "x"}, {"delta": {"content": 7}}]}',
+                        '{"usage": [1], "choices": {"a": 1}}',
+                        '{"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}', "[DONE]"]
+                self._send(200, "".join(f"data: {j}\n\n" for j in junk).encode(), "text/event-stream")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_odd_answers_and_bad_urls_are_one_line_not_tracebacks():
+    odd = _OddServer()
+    try:
+        with pytest.raises(RemoteError, match="not a list of models"):
+            list_models(Endpoint(odd.url))
+        chat = RemoteChat(Endpoint(odd.url, model="m"), params=GREEDY, retries=0)
+        with pytest.raises(RemoteError, match="HTTP 500: boom"):
+            run(chat, "first")
+        assert [e for e in run(chat, "second") if isinstance(e, Finished)][0].text == "ok"  # junk lines skipped
+        # the question the failed send left is replaced, not followed by a second user turn
+        assert odd.requests[1] == [{"role": "user", "content": "second"}]
+    finally:
+        odd.httpd.shutdown()
+    for url in ("http://127.0.0.1:abc/v1", "http://127.0.0.1:99999/v1"):
+        with pytest.raises(UserError, match="bad port"):
+            run(RemoteChat(Endpoint(url), params=GREEDY))
+
+
 def test_a_server_killed_mid_stream_keeps_the_partial_reply(srv):
     """Last: it ends the module's server."""
     chat = RemoteChat(ep(srv), params=SamplingParams(temperature=0, max_tokens=3000))
@@ -151,3 +210,4 @@ def test_a_server_killed_mid_stream_keeps_the_partial_reply(srv):
                     srv.proc.kill()
     assert e.value.partial.startswith(got[:4])
     assert chat.messages[-1]["cut"] is True and chat.messages[-1]["content"] == e.value.partial
+

@@ -26,6 +26,8 @@ class RemoteChat:
 
     def send(self, user_text: str, cancel: threading.Event | None = None,
              params: SamplingParams | None = None) -> Iterator:
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()  # a question a failed send left unanswered: this one replaces it
         self.messages.append({"role": "user", "content": user_text})
         yield from self._reply(cancel, params)
 
@@ -48,6 +50,4 @@ class RemoteChat:
         except RemoteError as e:
             if e.partial:  # kept, marked as cut
                 self.messages.append({"role": "assistant", "content": split_think(e.partial)[1], "cut": True})
-            elif self.messages and self.messages[-1]["role"] == "user":
-                pass  # the question stays: the user can retry it
-            raise
+            raise  # without a partial reply the question stays, for regenerate to retry

@@ -45,7 +45,11 @@ class Endpoint:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise UserError(f"{self.base_url}: not an http(s) URL")
         tls = u.scheme == "https"
-        return u.hostname, u.netloc, u.port or (443 if tls else 80), u.path + (f"?{u.query}" if u.query else ""), tls
+        try:
+            port = u.port
+        except ValueError:  # not a number, or past 65535
+            raise UserError(f"{self.base_url}: bad port") from None
+        return u.hostname, u.netloc, port or (443 if tls else 80), u.path + (f"?{u.query}" if u.query else ""), tls
 
 
 def _connection(ep: Endpoint, path: str, timeout: float):
@@ -91,8 +95,12 @@ def request(ep: Endpoint, method: str, path: str, body: dict | None = None, time
             raise RemoteError(f"cannot reach {ep.base_url}: {why}") from None
         if resp.status == 200:
             return conn, resp
-        raw = resp.read()
-        conn.close()
+        try:
+            raw = resp.read()
+        except (OSError, http.client.HTTPException):
+            raw = b""
+        finally:
+            conn.close()
         if resp.status in RETRY_STATUS and attempt < retries:
             wait = resp.getheader("Retry-After")
             told = wait and wait.replace(".", "", 1).isdigit()
@@ -106,11 +114,16 @@ def list_models(ep: Endpoint, timeout: float = 10) -> list[dict]:
     """The provider's /v1/models: [{"id", "context_length" (when it says), ...}]."""
     conn, resp = request(ep, "GET", "/models", timeout=timeout, retries=1)
     try:
-        data = json.loads(resp.read()).get("data", [])
+        answer = json.loads(resp.read())
     except ValueError:
         raise RemoteError(f"{ep.base_url}/models: not JSON") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise RemoteError(f"{ep.base_url}/models: the answer broke off ({type(e).__name__})") from None
     finally:
         conn.close()
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(data, list):
+        raise RemoteError(f"{ep.base_url}/models: not a list of models")
     return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
@@ -194,17 +207,23 @@ def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: t
                 chunk = json.loads(data)
             except ValueError:
                 continue
+            if not isinstance(chunk, dict):  # not a chunk any server sends: skipped
+                continue
             if "error" in chunk:
                 err = chunk["error"]
                 raise RemoteError(f"{ep.name or ep.base_url}: {err.get('message') if isinstance(err, dict) else err}",
                                   text)
-            use = chunk.get("usage") or use
+            use = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else use
             timings = chunk.get("timings") if isinstance(chunk.get("timings"), dict) else timings
             ours = chunk.get("rapidmoe") if isinstance(chunk.get("rapidmoe"), dict) else ours
-            for ch in chunk.get("choices") or []:
-                d = ch.get("delta") or {}
-                piece = inline(d.get("reasoning_content") or d.get("reasoning") or "", d.get("content") or "")
-                finish = ch.get("finish_reason") or finish
+            choices = chunk.get("choices")
+            for ch in choices if isinstance(choices, list) else []:
+                if not isinstance(ch, dict):
+                    continue
+                d = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+                text_of = lambda k: d[k] if isinstance(d.get(k), str) else ""  # noqa: E731
+                piece = inline(text_of("reasoning_content") or text_of("reasoning"), text_of("content"))
+                finish = ch.get("finish_reason") if isinstance(ch.get("finish_reason"), str) else finish
                 if not piece:
                     continue
                 now = time.perf_counter()

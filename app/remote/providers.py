@@ -31,10 +31,10 @@ def _key(name: str, env_var: str | None, env: Mapping[str, str]) -> str | None:
         return None
 
 
-def load_providers(path: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Endpoint]:
+def _table(path: Path | None = None) -> dict[str, dict]:
+    """config.toml's [providers], checked: name -> its keys."""
     from ..config import config_path
 
-    env = os.environ if env is None else env
     path = path or config_path()
     if not path.is_file():
         return {}
@@ -45,7 +45,6 @@ def load_providers(path: Path | None = None, env: Mapping[str, str] | None = Non
     table = data.get("providers", {})
     if not isinstance(table, dict):
         raise UserError(f"{path}: [providers] must be a table")
-    out = {}
     for name, p in table.items():
         where = f"{path}: providers.{name}"
         if not isinstance(p, dict) or not isinstance(p.get("base_url"), str):
@@ -55,8 +54,16 @@ def load_providers(path: Path | None = None, env: Mapping[str, str] | None = Non
                 raise UserError(f"{where}.{k} must be a string")
         if "api_key" in p:
             raise UserError(f"{where}: put the key in an environment variable and name it in api_key_env")
-        out[name] = Endpoint(p["base_url"], _key(name, p.get("api_key_env"), env), p.get("model"), name)
-    return out
+    return table
+
+
+def _endpoint(name: str, p: dict, env: Mapping[str, str]) -> Endpoint:
+    return Endpoint(p["base_url"], _key(name, p.get("api_key_env"), env), p.get("model"), name)
+
+
+def load_providers(path: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Endpoint]:
+    env = os.environ if env is None else env
+    return {name: _endpoint(name, p, env) for name, p in _table(path).items()}
 
 
 def resolve(spec: str | None, endpoint: str | None = None, providers: dict[str, Endpoint] | None = None,
@@ -68,11 +75,16 @@ def resolve(spec: str | None, endpoint: str | None = None, providers: dict[str, 
         return Endpoint(endpoint, env.get("RAPIDMOE_ENDPOINT_KEY") or None, spec or None)
     if not spec:
         return None
-    providers = load_providers(env=env) if providers is None else providers
     name, _, model = spec.partition(":")
-    if name not in providers:
+    if providers is None:  # only the named provider's key is looked up (the keyring may be slow)
+        table = _table()
+        if name not in table:
+            return None
+        ep = _endpoint(name, table[name], env)
+    elif name in providers:
+        ep = providers[name]
+    else:
         return None
-    ep = providers[name]
     model = model or ep.model
     if not model:
         raise UserError(f"provider {name} has no default model: use -m {name}:MODEL")
