@@ -1,5 +1,6 @@
 """A replaced model's memory goes back to the system (engine.memory.release_freed,
 which the TUI calls when a new model has loaded)."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
 def test_reloading_the_demo_does_not_grow_the_process():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, timeout=600)
-    after = [int(v) for v in out.stdout.split("[")[-1].strip("]\n ").split(",")]
+    after = json.loads(out.stdout.strip().splitlines()[-1])
     growth = max(after[1:]) - after[0]
     # without the trim, freed heap pages stayed in glibc's arenas: +40 to +130 MiB per reload
     assert growth < 24 * 2**20, [round(a / 2**20) for a in after]
