@@ -6,10 +6,17 @@ and the demo model: token ids of a fixed text, the top-20 log-softmax values at
 a few positions, and a 16-token greedy continuation, with llama.cpp's KV cache
 in f32 (its f16 default alone moves logits by ~2e-3).
 
+The quantized cases (parity_cases.QUANT_CASES) are made here first: llama.cpp's
+quantizer turns the widened f32 synthetic file into Q8_0 / Q4_K_M / Q6_K (with
+token_embd and output kept F32), the part CI cannot rebuild is written to
+tests/refs/quant_<name>.gguf, and the reference is taken on the file the test
+assembles from it, after checking that file's tensors are llama.cpp's bytes.
+
     python scripts/make_parity_refs.py [name ...]
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import tempfile
@@ -20,7 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from parity_cases import CASES, PROMPT, build_case  # noqa: E402
+from parity_cases import (CASES, FTYPES, QUANT_CASES, PROMPT, REFS, build_case,  # noqa: E402
+                          quant_base, strip_quantized, tensor_rows)
 
 TOP = 20
 N_GREEDY = 16
@@ -58,13 +66,40 @@ def reference(path: Path) -> dict:
             "llama_cpp_version": llama_cpp.__version__}
 
 
+def quantize(name: str, tmp: Path) -> dict:
+    """llama.cpp's quantized file for a QUANT_CASES entry -> tests/refs/quant_<name>.gguf;
+    returns how many tensors of each type it has."""
+    import llama_cpp
+    from gguf import GGUFReader
+
+    preset, ftype = QUANT_CASES[name]
+    src = quant_base(preset, tmp)
+    full = tmp / f"{name}.llama.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.token_embedding_type = 0  # GGML_TYPE_F32
+    params.output_tensor_type = 0
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(full).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"{name}: llama_model_quantize failed")
+    strip_quantized(full, REFS / f"quant_{name}.gguf")
+    test_file = build_case(name, tmp)
+    want = {t[0]: (t[1], t[2], bytes(t[3])) for t in tensor_rows(GGUFReader(full))}
+    got = {t[0]: (t[1], t[2], bytes(t[3])) for t in tensor_rows(GGUFReader(test_file))}
+    assert got == want, f"{name}: the assembled file's tensors differ from llama.cpp's"
+    types: dict[str, int] = {}
+    for _, qtype, _ in want.values():
+        types[qtype.name] = types.get(qtype.name, 0) + 1
+    return types
+
+
 def main(names: list[str]) -> None:
     out_dir = ROOT / "tests" / "refs"
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in names or list(CASES):
         with tempfile.TemporaryDirectory() as tmp:
+            extra = {"tensor_types": quantize(name, Path(tmp))} if name in QUANT_CASES else {}
             path = build_case(name, Path(tmp))
-            ref = {"case": name, "prompt": PROMPT, **reference(path)}
+            ref = {"case": name, "prompt": PROMPT, **extra, **reference(path)}
         (out_dir / f"parity_{name}.json").write_text(json.dumps(ref, indent=1) + "\n")
         print(f"{name}: {len(ref['tokens'])} tokens, greedy {ref['greedy'][:4]}...")
 
