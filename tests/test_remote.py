@@ -2,9 +2,12 @@
 server, here our own `serve` on the demo model, and gives the app the engine's events."""
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import socket
 import threading
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -88,13 +91,21 @@ def test_cancel_closes_the_stream_and_the_server_stops(srv):
 
 
 def test_a_busy_server_is_retried_then_reported(srv):
-    chat = RemoteChat(ep(srv), params=SamplingParams(temperature=0, max_tokens=3000), retries=1)
-    hold = chat.send("Count from 1 to 500, separated by commas.")
-    next(hold)  # the first token: it has the model (--queue 0)
+    # the model is held by a streamed completion that counts (hundreds of tokens whatever the
+    # machine's speed; a chat reply may end before the retry comes)
+    u = urlsplit(srv.base_url)
+    hold = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    body = {"prompt": ", ".join(map(str, range(1, 16))) + ",", "max_tokens": 2000, "temperature": 0, "stream": True}
+    hold.request("POST", "/v1/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = hold.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data:")  # generating: it has the model (--queue 0)
     other = RemoteChat(ep(srv), params=GREEDY, retries=1)
     with pytest.raises(RemoteError, match="429"):
         run(other)
-    hold.close()
+    mark = srv.mark()
+    hold.close()  # the server cancels the counting at its next decode step
+    srv.wait_line(r"finish cancelled", 120, start=mark)
     assert run(other)[-1].completion_tokens == 6
 
 
