@@ -12,6 +12,7 @@ from typing import Iterator
 
 import torch
 
+from .conversation import Conversation
 from .events import Finished, PromptProcessed, TextDelta
 from .errors import UserError
 from .sampling import Sampler, SamplingParams
@@ -125,7 +126,7 @@ class Session:
         return logits
 
 
-class ChatSession:
+class ChatSession(Conversation):
     """Messages + chat template on top of a Session; the KV cache is reused
     across turns, so each turn processes only its new tokens."""
 
@@ -168,16 +169,6 @@ class ChatSession:
 
     def prompt_tokens(self, add_generation_prompt: bool = True) -> list[int]:
         return self.encode_prompt(self.prompt_text(add_generation_prompt))
-
-    def send(self, user_text: str, cancel: threading.Event | None = None,
-             params: SamplingParams | None = None) -> Iterator:
-        self.messages.append({"role": "user", "content": user_text})
-        yield from self._reply(cancel, params)
-
-    def regenerate(self, cancel=None, params=None) -> Iterator:
-        if self.messages and self.messages[-1]["role"] == "assistant":
-            self.messages.pop()
-        yield from self._reply(cancel, params)
 
     def _reply(self, cancel, params) -> Iterator:
         try:

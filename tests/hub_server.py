@@ -356,6 +356,20 @@ def _make_handler(hub: FakeHub, origin: str):
     return Handler
 
 
+def serve_repo(repo: str, files: dict[str, bytes], home, monkeypatch, timeout_s: float | None = None) -> "FakeHub":
+    """A started FakeHub serving `repo`, the Hugging Face variables pointing at it and a
+    fresh HF_HOME under `home`; timeout_s sets RAPIDMOE_HUB_TIMEOUT. The caller stops it."""
+    h = FakeHub().start()
+    h.add_repo(repo, files)
+    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    if timeout_s is not None:
+        monkeypatch.setenv("RAPIDMOE_HUB_TIMEOUT", str(timeout_s))
+    return h
+
+
 def black_hole() -> tuple[list[socket.socket], str]:
     """A port that never accepts: a listening socket whose backlog is full, so new
     connections get no answer at all (as behind a firewall that drops them)."""

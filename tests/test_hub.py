@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import FakeHub  # noqa: E402
+from hub_server import FakeHub, serve_repo  # noqa: E402
 
 from rapidmoe.app.cli import main  # noqa: E402
 from rapidmoe.engine.errors import UserError  # noqa: E402
@@ -45,13 +45,7 @@ Q4 = FILES["Tiny-MoE-Q4_K_M.gguf"]
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    h = FakeHub().start()
-    h.add_repo(REPO, FILES)
-    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    h = serve_repo(REPO, FILES, tmp_path, monkeypatch)
     yield h
     h.stop()
 

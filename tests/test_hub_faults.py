@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_hub as th  # noqa: E402
-from hub_server import FakeHub, black_hole  # noqa: E402
+from hub_server import black_hole, serve_repo  # noqa: E402
 
 from rapidmoe.app.cli import main  # noqa: E402
 from rapidmoe.engine.errors import UserError  # noqa: E402
@@ -32,13 +32,7 @@ Q4_SHA = hashlib.sha256(Q4).hexdigest()
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    h = FakeHub().start()
-    h.add_repo(REPO, FILES)
-    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("RAPIDMOE_HUB_TIMEOUT", "0.5")
-    for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
+    h = serve_repo(REPO, FILES, tmp_path, monkeypatch, timeout_s=0.5)
     yield h
     h.stop()
 

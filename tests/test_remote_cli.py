@@ -85,15 +85,23 @@ def test_endpoint_flag_and_refusals_are_one_line(home, srv):
     assert "cannot reach" in one_line_error(cli("-m", "gone:x", "-p", "hi", env=env))
 
 
+def provider_app(tmp_path, model: str, max_tokens: int):
+    """The TUI on a provider's model, greedy, its history and config under tmp_path."""
+    from rapidmoe.app.config import load_config
+    from rapidmoe.app.store import ChatStore
+    from rapidmoe.app.tui.app import ChatApp
+    from rapidmoe.app.tui.backend import EngineBackend
+
+    return ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
+                   store=ChatStore(tmp_path / "h.db"), model=model,
+                   overrides={"temperature": 0.0, "max_tokens": max_tokens})
+
+
 def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
     """A provider's model loads as the TUI's model: the picker lists what the server serves,
     the reply streams with its tok/s, and the history says who answered."""
     from textual.widgets import OptionList
 
-    from rapidmoe.app.config import load_config
-    from rapidmoe.app.store import ChatStore
-    from rapidmoe.app.tui.app import ChatApp
-    from rapidmoe.app.tui.backend import EngineBackend
     from tui_helpers import SIZE, ready, send, wait_for
 
     tmp_path, env = home
@@ -101,9 +109,7 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
         monkeypatch.setenv(k, v)
 
     async def main():
-        app = ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
-                      store=ChatStore(tmp_path / "h.db"), model="local:demo",
-                      overrides={"temperature": 0.0, "max_tokens": 6})
+        app = provider_app(tmp_path, "local:demo", 6)
         async with app.run_test(size=SIZE) as pilot:
             scr = await ready(pilot)
             assert scr.model.name == "demo @ local" and scr.model.n_ctx == 4096
@@ -129,10 +135,6 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
 
 def test_the_tui_keeps_a_reply_cut_by_a_dying_server(tmp_path, monkeypatch):
     """A server of its own, killed while the TUI's reply streams: what came stays, marked cut."""
-    from rapidmoe.app.config import load_config
-    from rapidmoe.app.store import ChatStore
-    from rapidmoe.app.tui.app import ChatApp
-    from rapidmoe.app.tui.backend import EngineBackend
     from rapidmoe.app.tui.message import MessageView
     from tui_helpers import SIZE, notes, ready, send, wait_for
 
@@ -143,9 +145,7 @@ def test_the_tui_keeps_a_reply_cut_by_a_dying_server(tmp_path, monkeypatch):
         monkeypatch.setenv("RAPIDMOE_CONFIG_DIR", str(tmp_path))
 
         async def main():
-            app = ChatApp(backend=EngineBackend(critical=None), config=load_config(tmp_path / "c.toml", env={}),
-                          store=ChatStore(tmp_path / "h.db"), model="doomed:demo",
-                          overrides={"temperature": 0.0, "max_tokens": 3000})
+            app = provider_app(tmp_path, "doomed:demo", 3000)
             async with app.run_test(size=SIZE) as pilot:
                 scr = await ready(pilot)
                 await send(pilot, "Count from 1 to 500, separated by commas.")

@@ -1,15 +1,15 @@
 """RemoteChat: engine.generate.ChatSession's interface over a provider."""
 from __future__ import annotations
 
-import threading
 from typing import Iterator
 
 from ...engine.events import Finished
+from ...engine.conversation import Conversation
 from ...engine.sampling import SamplingParams
 from .client import Endpoint, RemoteError, stream_chat
 
 
-class RemoteChat:
+class RemoteChat(Conversation):
     def __init__(self, endpoint: Endpoint, system: str | None = None, params: SamplingParams | None = None,
                  stall_s: float = 60.0, retries: int = 3, extra_body: dict | None = None):
         self.endpoint = endpoint
@@ -23,18 +23,6 @@ class RemoteChat:
     def answered_by(self) -> str:
         """provider:NAME/MODEL (NAME: the base URL for --endpoint), as the history records it."""
         return f"provider:{self.endpoint.name or self.endpoint.base_url}/{self.endpoint.model or ''}"
-
-    def send(self, user_text: str, cancel: threading.Event | None = None,
-             params: SamplingParams | None = None) -> Iterator:
-        if self.messages and self.messages[-1]["role"] == "user":
-            self.messages.pop()  # a question a failed send left unanswered: this one replaces it
-        self.messages.append({"role": "user", "content": user_text})
-        yield from self._reply(cancel, params)
-
-    def regenerate(self, cancel=None, params=None) -> Iterator:
-        if self.messages and self.messages[-1]["role"] == "assistant":
-            self.messages.pop()
-        yield from self._reply(cancel, params)
 
     def _reply(self, cancel, params) -> Iterator:
         # reasoning is shown, not sent back: servers expect the answer only in the history
