@@ -28,6 +28,10 @@ from ..errors import ModelFileError
 MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_STRING = 1 << 26  # 64 MiB: a chat template or a token is far smaller
+# Arrays whose strings are byte sequences, not text: a vocabulary may hold pieces
+# that are not UTF-8 on their own (llama.cpp and gguf-py's writer take tokens as
+# raw bytes), and merges name those pieces. Every other string must be UTF-8.
+BYTE_STRING_KEYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
 SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 # value type id -> (struct format, size); 8 = string, 9 = array
@@ -83,23 +87,35 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar(10, what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, raw_bytes: bool = False, index: int | None = None) -> str:
+        """A length-prefixed string (item `index` of the array `what`). It must be
+        UTF-8 text, unless raw_bytes: then bytes that are not UTF-8 come back as
+        surrogate escapes (lossless: encode with "surrogateescape" to get them back)."""
+        start = self.pos
         n = self.u64(what)
-        if n > MAX_STRING:
-            raise ModelFileError(self.path, f"absurd string length {n} in {what}")
-        self.need(n, what)
+        if n > MAX_STRING or n > self.end - self.pos:
+            what = what if index is None else f"{what}[{index}]"  # named only when wrong: arrays are long
+            if n > MAX_STRING:
+                raise ModelFileError(self.path, f"absurd string length {n} in {what}")
+            self.need(n, what)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         try:
             return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ModelFileError(self.path, f"invalid UTF-8 in {what}") from None
+        except UnicodeDecodeError as e:
+            if raw_bytes:
+                return raw.decode("utf-8", "surrogateescape")
+            if index is not None:
+                what = f"{what}[{index}]"
+            shown = raw[:48] + (b"..." if len(raw) > 48 else b"")
+            raise ModelFileError(self.path, f"{what} is not valid UTF-8 text: {shown!r} (byte 0x{raw[e.start]:02x} "
+                                            f"at position {e.start}; the string starts at byte {start})") from None
 
     def value(self, vtype: int, key: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, key)
         if vtype == 8:
-            return self.string(key)
+            return self.string(f"metadata {key}")
         if vtype == 9:
             itype = self.u32(key)
             count = self.u64(key)
@@ -113,7 +129,8 @@ class _Cursor:
             if itype == 8:
                 if count > (self.end - self.pos) // 8:  # each string takes at least its u64 length
                     raise ModelFileError(self.path, f"absurd array length {count} for {key}")
-                return [self.string(key) for _ in range(count)]
+                what, raw_ok = f"metadata {key}", key in BYTE_STRING_KEYS
+                return [self.string(what, raw_ok, i) for i in range(count)]
             raise ModelFileError(self.path, f"unsupported array item type {itype} for {key}")
         raise ModelFileError(self.path, f"unknown value type {vtype} for key {key}")
 
@@ -139,7 +156,7 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, di
     spans: dict[str, tuple[int, int]] = {}
     for _ in range(n_kv):
         start = c.pos
-        key = c.string("a metadata key")
+        key = c.string(f"metadata key #{len(meta)}")
         if key in meta:  # llama.cpp refuses these too: which value would count is anyone's guess
             raise ModelFileError(path, f"duplicate metadata key {key}")
         vtype = c.u32(key)
@@ -147,7 +164,7 @@ def _parse_header(path: str, buf, size: int) -> tuple[dict, list[tuple], int, di
         spans[key] = (start, c.pos)
     infos = []
     for i in range(n_tensors):
-        name = c.string(f"tensor info #{i}")
+        name = c.string(f"the name of tensor #{i}")
         n_dims = c.u32(name)
         if not 1 <= n_dims <= MAX_DIMS:
             raise ModelFileError(path, f"tensor {name}: bad dimension count {n_dims}")
