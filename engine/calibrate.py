@@ -350,7 +350,46 @@ def _mean_r(r_by_layer: dict) -> float:
 
 
 def _write_json(path: Path, obj: dict) -> None:
+    """Replace `path` whole or not at all: a temp file beside it, written and
+    fsynced, renamed over it, the directory fsynced. A kill -9 at any point leaves
+    the previous record or the new one; the temp file of a run killed before its
+    rename is removed by the next. The kill points of the crash tests are the
+    conversion's (pack._step, RAPIDMOE_FAULT_KILL_AT), counted on from there."""
+    from .pack import _step
+    from .paths import fsync_dir
+
+    data = json.dumps(obj, indent=1).encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        if not _pid_alive(stale.name[len(path.name) + 2:-len(".tmp")]):
+            _step()
+            stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    _step()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            _step()
+            view = view[os.write(fd, view[:1 << 12]):]
+        _step()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _step()
+    os.replace(tmp, path)
+    _step()
+    fsync_dir(path.parent)
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether the process that named a temp file may still be writing it."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True

@@ -196,3 +196,67 @@ def test_cli_progress_is_plain_lines_off_a_terminal(tiny, tmp_path, capsys, monk
         assert any(ln.startswith(step) and ln.endswith(" ...") for ln in lines), (step, cap.err)
     assert main(["calibrate", "-m", str(src), "--show", "--json"]) == 0
     assert capsys.readouterr().err == ""  # --json: stderr only for errors
+
+
+def test_kill_9_in_calibrate_leaves_the_old_record_or_the_new_one(tiny, tmp_path, monkeypatch, capsys):
+    """SIGKILL at every step of the record's commit while an older record is in
+    place, and at seeded random points of the conversion a first calibrate makes,
+    through `rapidmoe-chat calibrate` (the conversion's kill points,
+    RAPIDMOE_FAULT_KILL_AT): the record is the old one or the new one, whole, never
+    a part; the next run reads it, the one after replaces it and leaves no temp file."""
+    import random
+    import subprocess
+    import sys
+
+    from rapidmoe.app.cli import main
+    from rapidmoe.engine import pack
+
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "k.gguf"
+    src.write_bytes(tiny.read_bytes())
+    path = calibration_path(src)
+
+    def run():  # what the command below runs
+        rec = calibrate(src, n_tokens=32, seg_len=32)
+        assert json.loads(path.read_text()) == json.loads(json.dumps(rec))
+        assert not list(path.parent.glob(".*.tmp"))
+
+    before = pack._steps
+    run()  # the first: converts, then writes the record
+    n_first = pack._steps - before
+    before = pack._steps
+    run()  # the pack is there now: the record's steps alone
+    n_commit = pack._steps - before
+    # create, write (the record spans more than one), fsync, rename, directory fsync
+    assert n_commit >= 6 and n_first > n_commit + 10
+    cli = [sys.executable, "-m", "rapidmoe.app.cli", "calibrate", "-m", str(src), "--tokens", "32", "--segment", "32"]
+
+    def killed_at(k: int, env_cache=None):
+        env = dict(os.environ, RAPIDMOE_FAULT_KILL_AT=str(k))
+        if env_cache:
+            env["RAPIDMOE_CACHE_DIR"] = str(env_cache)
+        r = subprocess.run(cli, env=env, capture_output=True, timeout=300)
+        assert r.returncode == -9, (k, r.stderr[-400:])
+
+    for k in range(1, n_commit + 1):
+        old = path.read_bytes()
+        killed_at(k)
+        now = path.read_bytes()
+        if k < n_commit:  # up to the rename: the old record, and a temp file once it is created
+            assert now == old, k
+            assert len(list(path.parent.glob(".*.tmp"))) == (k > 1), k
+        else:  # after it: the new record, whole
+            assert json.loads(now)["version"] == CALIB_VERSION and not list(path.parent.glob(".*.tmp"))
+        assert main(["calibrate", "-m", str(src), "--show", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == json.loads(now)
+        run()
+
+    # a first calibrate killed inside its conversion: the next run resumes and writes the record
+    for i, k in enumerate(random.Random(5).sample(range(1, n_first - n_commit), 2)):
+        cache = tmp_path / f"fresh{i}"
+        killed_at(k, cache)
+        monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(cache))
+        assert not calibration_path(src).exists()
+        path = calibration_path(src)
+        run()
+        assert not list(cache.rglob("*.partial")), k
