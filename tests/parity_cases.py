@@ -39,11 +39,20 @@ SEED = 1234
 # the committed tests/refs/quant_<name>.gguf holds every other tensor exactly
 # as llama.cpp wrote it, with the file's metadata minus the tokenizer; the test
 # file is that plus the tokenizer and the two F32 tensors of the f32 file.
-QUANT_SHAPE = {"qwen3moe": {"n_embd": 256}, "ds2_lite": {"n_embd": 256, "n_layer": 2}}
+# qwen2moe, llama_moe (Mixtral layout) and olmoe keep one block of four small
+# experts for the same reason (a block holds every kind of tensor they have), and
+# olmoe, whose attention cannot be grouped, only Q4_K_M and Q6_K (its Q8_0 file
+# alone would be 390 kB; the other two hold Q8_0 tensors too).
+_ONE_BLOCK = {"n_embd": 256, "n_layer": 1, "n_ff_exp": 32, "n_expert": 4}
+QUANT_SHAPE = {"qwen3moe": {"n_embd": 256}, "ds2_lite": {"n_embd": 256, "n_layer": 2},
+               "qwen2moe": {**_ONE_BLOCK, "n_head": 8, "head_dim": 32, "n_head_kv": 1, "n_ff_shexp": 32},
+               "llama_moe": {**_ONE_BLOCK, "n_head": 8, "head_dim": 32, "n_head_kv": 1},
+               "olmoe": {**_ONE_BLOCK, "head_dim": 64}}
 FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+QUANT_FTYPES = {"olmoe": ("Q4_K_M", "Q6_K")}  # the others: all of FTYPES
 QUANT_CASES: dict[str, tuple[str, str]] = {
     f"{preset}_{ftype.lower()}": (preset, ftype)
-    for preset in ("qwen3moe", "ds2_lite") for ftype in FTYPES
+    for preset in QUANT_SHAPE for ftype in QUANT_FTYPES.get(preset, FTYPES)
 }
 CASES.update({name: ("quant", *case) for name, case in QUANT_CASES.items()})
 KEPT_F32 = ("token_embd.weight", "output.weight")
