@@ -371,7 +371,7 @@ def _write_json(path: Path, obj: dict) -> None:
         view = memoryview(data)
         while view:
             _step()
-            view = view[os.write(fd, view[:1 << 12]):]
+            view = view[os.write(fd, view[:1 << 16]):]
         _step()
         os.fsync(fd)
     finally:
