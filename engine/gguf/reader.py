@@ -3,7 +3,9 @@
 Every length and count is checked against the bytes that are really there
 before anything is allocated, so a corrupt or hostile file gives one
 ModelFileError naming the file and the problem, never a huge allocation or a
-traceback. Tensor data are zero-copy numpy views into the mapping.
+traceback. Tensor data are zero-copy numpy views into the mapping. Keys,
+string values and tensor names must be UTF-8 text (one line naming the string
+otherwise); vocabulary pieces may be any bytes (BYTE_STRING_KEYS).
 
 Layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 tensor count,
 u64 key/value count, the key/values, the tensor infos (name, u32 n_dims,
