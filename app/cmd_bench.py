@@ -45,6 +45,8 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
+    p.add_argument("-d", "--depth", type=int, default=0, metavar="N",
+                   help="context already filled before each test, as llama-bench's -d (default 0)")
     add_placement_arguments(p)
     p.add_argument("--json", action="store_true", help="stdout: only a JSON list of row objects")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process: one setting
@@ -55,7 +57,7 @@ def _placement_argv(args) -> list[str]:
     """The placement flags again, for the child process of each setting."""
     out = []
     for flag, v in (("--vram-budget", args.vram_budget), ("--dram-budget", args.dram_budget),
-                    ("--mode", args.mode), ("--cache-fraction", args.cache_fraction)):
+                    ("--mode", args.mode), ("--cache-fraction", args.cache_fraction), ("--kv-type", args.kv_type)):
         if v is not None:
             out += [flag, str(v)]
     if args.gpus is not None:
@@ -74,6 +76,8 @@ def _threads(args) -> int:
 def run(args) -> int:
     if args.n_prompt <= 0 or args.n_gen <= 0:
         raise UserError("-p and -n must be > 0")
+    if args.depth < 0:
+        raise UserError("-d must be >= 0")
     if args.precision == "full" and args.critical is not None:
         raise UserError("--precision full and --critical exclude each other")
     if args.one:
@@ -98,9 +102,12 @@ def run(args) -> int:
     rows = []
     for s in settings:
         label = "full precision" if s is None else f"critical {s}"
-        print(f"bench: {label}, {threads} threads, pp{args.n_prompt} + tg{args.n_gen} ...", file=sys.stderr, flush=True)
+        at = f" at depth {args.depth}" if args.depth else ""
+        print(f"bench: {label}, {threads} threads, pp{args.n_prompt} + tg{args.n_gen}{at} ...", file=sys.stderr,
+              flush=True)
         cmd = [sys.executable, "-m", "rapidmoe.app.cli", "bench", "--one", "-m", str(src), "--threads", str(threads),
-               "-p", str(args.n_prompt), "-n", str(args.n_gen), "--bandwidth", str(bw), *_placement_argv(args)]
+               "-p", str(args.n_prompt), "-n", str(args.n_gen), "-d", str(args.depth), "--bandwidth", str(bw),
+               *_placement_argv(args)]
         cmd += ["--precision", "full"] if s is None else ["--critical", str(s)]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if r.returncode != 0:
@@ -119,7 +126,7 @@ def _run_one(args) -> int:
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "auto")
     rows = run_setting(args.model, crit, _threads(args), args.n_prompt, args.n_gen, rss0, args.bandwidth,
-                       plan_request(args))
+                       plan_request(args), depth=args.depth)
     print(json.dumps(rows))
     return 0
 
@@ -128,7 +135,8 @@ def _table(rows: list[dict]) -> None:
     """MB/token is traffic (decimal, so that t/s x MB/token / 1000 is the GB/s column); peak RSS is memory."""
     from ..engine.units import fmt_bytes
 
-    head = (f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>6} {'t/s':>9} {'mean r':>6} {'MB/token':>9} {'GB/s':>6} "
+    tw = max([6] + [len(r["test"]) for r in rows])  # "tg128 @ d8192" with -d
+    head = (f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>{tw}} {'t/s':>9} {'mean r':>6} {'MB/token':>9} {'GB/s':>6} "
             f"{'of BW':>6} {'peak RSS':>9}")
     print(head)
     print("-" * len(head))
@@ -140,10 +148,12 @@ def _table(rows: list[dict]) -> None:
         gbs = f"{r['achieved_gbs']:6.2f}" if r["achieved_gbs"] else f"{'—':>6}"
         frac = (f"{r['achieved_gbs'] / r['read_bandwidth_gbs'] * 100:5.0f}%" if r["achieved_gbs"] and r["read_bandwidth_gbs"]
                 else f"{'—':>6}")
-        print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>6} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
+        print(f"{r['model'][:34]:<34} {setting:>10} {r['threads']:>3} {r['test']:>{tw}} {r['tokens_per_s']:9.2f} {mr} {mbpt} {gbs} "
               f"{frac} {fmt_bytes(r['peak_rss_bytes']):>9}")
     for where in dict.fromkeys(r.get("placement") for r in rows if r.get("placement")):
         print(f"placement: {where}")
+    for kv in dict.fromkeys((r["kv_type"], r["kv_bytes"]) for r in rows if r.get("kv_type")):
+        print(f"KV cache: {kv[0]}, {fmt_bytes(kv[1])}")
     for r in rows:
         g = r.get("gpu_step")
         if g:

@@ -8,6 +8,7 @@ import json
 import sys
 
 from ..engine.errors import UserError
+from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
 
 def _gib(v: str) -> float:
@@ -45,6 +46,8 @@ def add_placement_arguments(p) -> None:
                    help="force a mode (default: the fastest that fits)")
     p.add_argument("--cache-fraction", type=float, default=None, metavar="F",
                    help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help=f"KV cache type (default {DEFAULT_KV_TYPE}; q8_0 halves it again, f32 is exact)")
 
 
 def plan_request(args):
@@ -57,7 +60,7 @@ def plan_request(args):
     return PlanRequest(vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
                        dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
                        gpus=tuple(args.gpus) if args.gpus is not None else None, mode=args.mode,
-                       cache_fraction=args.cache_fraction)
+                       cache_fraction=args.cache_fraction, kv_type=args.kv_type)
 
 
 def add_arguments(p) -> None:

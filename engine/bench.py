@@ -15,6 +15,7 @@ import torch
 from filelock import FileLock
 
 from . import kernels
+from .generate import PREFILL_CHUNK
 from .paths import cache_dir
 
 BENCH_SEED = 0
@@ -77,16 +78,18 @@ def resident_model_bytes(model) -> int:
 
 
 def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int,
-                read_gbs: float | None, placement=None) -> list[dict]:
+                read_gbs: float | None, placement=None, depth: int = 0) -> list[dict]:
     """read_gbs: the machine's read bandwidth, measured by the caller (the probe's
     buffer must not count in this process's peak RSS); None when not measured.
-    placement: the plan request (engine.plan.PlanRequest) the model loads with."""
+    placement: the plan request (engine.plan.PlanRequest) the model loads with.
+    depth: context filled (untimed, in prefill chunks) before both tests, as
+    llama-bench's -d: tg runs at positions depth.., pp over them."""
     from .model import load_model
 
     kernels.set_num_threads(threads)
     torch.set_num_threads(threads)
     bw = read_gbs
-    model = load_model(spec, n_ctx=n_prompt + n_gen + 1, critical=critical, placement=placement)
+    model = load_model(spec, n_ctx=depth + n_prompt + n_gen + 1, critical=critical, placement=placement)
     # touch every weight once so pages are resident before timing (as mmap + warm-up does)
     rng = np.random.default_rng(0)
     V = model.cfg.n_vocab
@@ -96,18 +99,20 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     run.prefill(prompt[:16], 0, cache, last_only=True)  # warm-up: weights paged in
     # decode first, so its peak RSS is read before prefill's larger activations exist
     cache = run.new_cache(model.n_ctx)
+    fill = rng.integers(10, V - 10, depth)
+    for i in range(0, depth, PREFILL_CHUNK):
+        run.prefill(torch.from_numpy(fill[i:i + PREFILL_CHUNK]), i, cache, last_only=True)
     toks = rng.integers(10, V - 10, n_gen)
-    run.decode(int(toks[0]), 0, cache)  # warm-up token at position 0
+    run.decode(int(toks[0]), depth, cache)  # warm-up token at position depth
     traces = []
     t0 = time.perf_counter()
     for i in range(n_gen):
-        traces.append(run.decode(int(toks[i]), i + 1, cache)[1])
+        traces.append(run.decode(int(toks[i]), depth + i + 1, cache)[1])
     t_tg = time.perf_counter() - t0
     rs = [t.mean_r for t in traces]
     peak_decode = _peak_rss()
-    cache = run.new_cache(model.n_ctx)
-    t0 = time.perf_counter()
-    pp_r = run.prefill(prompt, 0, cache, last_only=True)[1].mean_r
+    t0 = time.perf_counter()  # the prompt over the same filled context (the decoded rows are overwritten)
+    pp_r = run.prefill(prompt, depth, cache, last_only=True)[1].mean_r
     t_pp = time.perf_counter() - t0
     peak = _peak_rss()
     r_vals = [r for r in rs if r is not None]
@@ -118,13 +123,15 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
             "policy": None if model.critical is None else "umia" if model.critical == "auto" else "fixed",
             "threads": threads, "placement": model.placement,
             "peak_rss_bytes": int(peak), "rss_after_imports_bytes": int(rss0),
-            "model_bytes": resident_model_bytes(model), "kv_bytes": model.net.kv_bytes(model.n_ctx),
+            "model_bytes": resident_model_bytes(model), "kv_type": run.kv_type, "kv_bytes": cache.nbytes,
+            "depth": depth,
             "read_bandwidth_gbs": round(bw, 2) if bw else None}
     tg = n_gen / t_tg
+    at = f" @ d{depth}" if depth else ""
     rows = [
-        {**base, "test": f"pp{n_prompt}", "tokens_per_s": round(n_prompt / t_pp, 2), "bytes_per_token": None,
+        {**base, "test": f"pp{n_prompt}" + at, "tokens_per_s": round(n_prompt / t_pp, 2), "bytes_per_token": None,
          "achieved_gbs": None, "mean_r": pp_r},
-        {**base, "test": f"tg{n_gen}", "peak_rss_bytes": int(peak_decode), "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
+        {**base, "test": f"tg{n_gen}" + at, "peak_rss_bytes": int(peak_decode), "tokens_per_s": round(tg, 2), "bytes_per_token": bpt,
          "achieved_gbs": round(bpt * tg / 1e9, 2), "mean_r": mean_r},
     ]
     if run.gpu_step:

@@ -105,10 +105,25 @@ def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc:
                 q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, scale: float) -> np.ndarray:
     """One decode token of GQA attention after its projections: per-head RMS norms of q
     and k (when given), RoPE (cos/sin of the position), k and v written into the caches
-    kc [n_ctx, n_kv, hd] / vc [n_ctx, n_kv, hdv] at pos (in place), then attention over
+    kc [n_ctx, n_kv, hd] / vc [n_ctx, n_kv, hdv] (rows as attn_cached takes them) at pos
+    (in place), then attention over
     positions 0..pos -> [n_head * hdv]. q and k are scratch (rotated in place)."""
     return _cpu.attn_decode(_f32(q), _f32(k), _f32(v), kc, vc, int(pos), int(n_head), _f32(cos), _f32(sin),
                             int(rope_dim), bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale))
+
+
+def attn_cached(q: np.ndarray, kc: np.ndarray, vc: np.ndarray | None, S: int, n_head: int, scale: float,
+                v_dim: int = 0) -> np.ndarray:
+    """softmax(scale * q.K^T) V of n_head query heads [n_head * dim] over cache positions
+    0..S-1 of kc [n_ctx, groups, dim] and vc [n_ctx, groups, dim_v] (float32, float16 or
+    q8_0 rows, engine/kv_cache.KVRows); vc None: the values are the first v_dim of each
+    key row (MLA's latent) -> [n_head * dim_v]."""
+    return _cpu.attn_cached(_f32(q), kc, vc, int(S), int(n_head), float(scale), int(v_dim))
+
+
+def kv_store(cache: np.ndarray, pos: int, x: np.ndarray) -> None:
+    """x [heads * dim] float32 into the cache rows (as attn_cached takes them) at pos, in place."""
+    _cpu.kv_store(cache, int(pos), _f32(x))
 
 
 def ggml_operand(w) -> tuple[np.ndarray, int]:

@@ -10,6 +10,7 @@ from .config import ModelConfig
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .gguf.validate import check_model
+from .kv_types import DEFAULT_KV_TYPE, check_kv_type, kv_row_dims
 from .models import arch_module
 from .plan import PlanRequest
 from .plan_full import check_full_precision
@@ -77,11 +78,12 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         raise UserError(f"bad context size {ctx}")
     if ctx > cfg.n_ctx_train:
         raise UserError(f"context {ctx} exceeds the model's trained context {cfg.n_ctx_train}")
+    kv_type = check_kv_type(placement.kv_type if placement else DEFAULT_KV_TYPE, kv_row_dims(cfg))
     p = hw = None
     if critical is not None and cfg.n_expert:  # the plan first: one that does not fit is refused before all else
         p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
     else:  # full precision allocates too (KV cache, f32 copies): the same refusal before any of it
-        check_full_precision(gguf, cfg, ctx, placement.dram_budget if placement else None)
+        check_full_precision(gguf, cfg, ctx, kv_type, placement.dram_budget if placement else None)
     policy = _split_policy(cfg, critical, log, path) if critical is not None else None
     if policy is not None:
         from .pack import open_pack
@@ -100,10 +102,10 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
     net = arch_module(cfg.arch).build(cfg, W, ctx, layer_progress)
     from .runner import Runner
 
-    runner = Runner(net, policy)
+    runner = Runner(net, policy, kv_type=kv_type)
     where = "full precision · CPU" if policy is None else p.describe()
     if p is not None and p.mode != "cpu":
-        runner, where = _gpu_step(net, policy, p, hw, progress)
+        runner, where = _gpu_step(net, policy, p, hw, progress, kv_type)
     from .tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(gguf.metadata)
@@ -130,7 +132,7 @@ def _plan(gguf: GGUFFile, path: Path, ctx: int, req: PlanRequest):
     return p, hw
 
 
-def _gpu_step(net, policy, p, hw, progress):
+def _gpu_step(net, policy, p, hw, progress, kv_type: str):
     """Place net as the GPU plan p says -> (Runner of the GPU step, placement line)."""
     import torch
 
@@ -161,7 +163,7 @@ def _gpu_step(net, policy, p, hw, progress):
 
     owner = layer_devices(p, len(net.blocks))
     runner = Runner(net, policy, where="+".join(names), devices=tuple(devices.values()),
-                    layer_devices=[devices[d].torch_device for d in owner])
+                    layer_devices=[devices[d].torch_device for d in owner], kv_type=kv_type)
     return runner, p.describe(standin)
 
 

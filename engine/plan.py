@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import UserError
 from .hardware import GiB, HardwareRecord
+from .kv_types import DEFAULT_KV_TYPE, check_kv_type
 from .plan_sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_workspace_bytes
 from .units import fmt_bytes
 
@@ -60,6 +61,7 @@ class Plan:
     suggested: dict | None = None
     reserves: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    kv_type: str = DEFAULT_KV_TYPE
 
     def bytes_on(self, device: str) -> int:
         return sum(c.bytes for c in self.components if c.device == device)
@@ -98,7 +100,7 @@ class Plan:
         for il, _ in self.cached:
             per_layer[str(il)] = per_layer.get(str(il), 0) + 1
         return {
-            "model": self.model, "ctx": self.ctx, "mode": self.mode, "reason": self.reason,
+            "model": self.model, "ctx": self.ctx, "kv_type": self.kv_type, "mode": self.mode, "reason": self.reason,
             "components": [{"name": c.name, "bytes": c.bytes, "device": c.device} for c in self.components],
             "totals": {"vram_bytes": self.vram_bytes, "dram_bytes": self.dram_bytes,
                        "vram_budget_bytes": self.vram_budget, "dram_budget_bytes": self.dram_budget,
@@ -121,7 +123,7 @@ def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[
     return sorted(slots, key=lambda sl: (rank[sl], sl)), "activation frequency (calibration)"
 
 
-def _cpu_plan(s: ModelSizes, ctx: int, chunk: int) -> list[Component]:
+def _cpu_plan(s: ModelSizes, ctx: int, chunk: int, kv_type: str) -> list[Component]:
     types = ", ".join(f"{t} {fmt_bytes(b)}" for t, b in s.nonexpert_types)
     n = s.n_moe_layers * s.n_expert
     comps = [
@@ -130,7 +132,7 @@ def _cpu_plan(s: ModelSizes, ctx: int, chunk: int) -> list[Component]:
         Component(f"W_Q of all {n} experts (gate/up/down, mmapped)", n * s.wq_bytes, "cpu"),
         Component(f"W_R of all {n} experts (gate/up residuals, mmapped)", n * s.wr_bytes, "cpu"),
         Component(f"D4 down copies of all {n} experts (mmapped)", n * s.d4_bytes, "cpu"),
-        Component(f"KV cache (f32, {ctx} tokens)", ctx * s.kv_bytes_per_token_f32, "cpu"),
+        Component(f"KV cache ({kv_type}, {ctx} tokens)", ctx * s.kv_bytes_per_token(kv_type), "cpu"),
         Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer)",
                   cpu_workspace_bytes(s, ctx, chunk), "cpu"),
     ]
@@ -158,12 +160,12 @@ def _split_layers(need: list[int], head: int, caps: list[int]) -> tuple[list[int
 
 
 def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_cached: int | None,
-              order: list[tuple[int, int]], chunk: int):
+              order: list[tuple[int, int]], chunk: int, kv_type: str):
     """-> (components, cached slots, gpu_layers, reason) or None when the
     non-expert weights and KV cache alone do not fit."""
     ws = gpu_workspace_bytes(s, ctx)
     caps = [b - CUDA_CONTEXT_BYTES - ws for b in budgets]
-    kv_l = ctx * s.kv_bytes_per_token_f16 // max(1, s.n_layer)
+    kv_l = ctx * s.kv_bytes_per_token(kv_type) // max(1, s.n_layer)
     base = [lb + kv_l for lb in s.layer_bytes]
     head = s.head_bytes if not s.tied_head else s.head_bytes + s.embd_bytes  # a tied head reads the whole table
     free = sum(caps) - sum(base) - head
@@ -190,7 +192,7 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
         a, b = mine[0], mine[-1]
         spans.append((dev, a, b))
         comps.append(Component(f"non-expert weights, layers {a}-{b}", sum(s.layer_bytes[i] for i in mine), dev))
-        comps.append(Component(f"KV cache (f16, {ctx} tokens), layers {a}-{b}", kv_l * len(mine), dev))
+        comps.append(Component(f"KV cache ({kv_type}, {ctx} tokens), layers {a}-{b}", kv_l * len(mine), dev))
         c = sum(per_layer[i] for i in mine)
         if c:
             comps.append(Component(f"W_Q cache: {c} experts of layers {a}-{b}", c * s.wq_bytes, dev))
@@ -214,12 +216,14 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked of the placement (--vram-budget, --dram-budget in bytes,
-    --gpus, --mode, --cache-fraction); None: the planner's choice."""
+    --gpus, --mode, --cache-fraction); None: the planner's choice. kv_type: the KV
+    cache's type (--kv-type)."""
     vram_budget: int | None = None
     dram_budget: int | None = None
     gpus: tuple[int, ...] | None = None
     mode: str | None = None
     cache_fraction: float | None = None
+    kv_type: str = DEFAULT_KV_TYPE
 
 
 def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequest,
@@ -227,17 +231,19 @@ def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequ
     """The plan of a request: what `plan` prints and what loading places."""
     return plan(s, hw, ctx, vram_budget=req.vram_budget, dram_budget=req.dram_budget,
                 gpus=list(req.gpus) if req.gpus is not None else None, mode=req.mode,
-                cache_fraction=req.cache_fraction, freqs=freqs)
+                cache_fraction=req.cache_fraction, freqs=freqs, kv_type=req.kv_type)
 
 
 def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,
          dram_budget: int | None = None, gpus: list[int] | None = None, mode: str | None = None,
          cache_fraction: float | None = None, freqs: dict[int, list[float]] | None = None,
-         chunk: int = 256, suggest: bool = True) -> Plan:
+         chunk: int = 256, suggest: bool = True, kv_type: str = DEFAULT_KV_TYPE) -> Plan:
     """The placement of model `s` on machine `hw` for a context of `ctx` tokens.
     vram_budget: bytes per GPU (default: its free VRAM); dram_budget: bytes
     (default: available DRAM less the OS reserve); mode / cache_fraction force a
-    choice (default: the fastest mode that fits, caching as many experts as fit)."""
+    choice (default: the fastest mode that fits, caching as many experts as fit);
+    kv_type: the KV cache's type (engine/kv_cache.py)."""
+    check_kv_type(kv_type)
     ctx = ctx or min(s.n_ctx_train, 4096)
     if ctx <= 0:
         raise UserError(f"bad context size {ctx}")
@@ -265,14 +271,14 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
                 "gpu_activation_bytes_per_gpu": gpu_workspace_bytes(s, ctx) if chosen else 0,
                 "dram_os_reserve_bytes": reserve if dram_budget is None else 0}
     common = dict(model=s.name, ctx=ctx, vram_budget=dict(zip(devs, budgets)), dram_budget=dram_cap,
-                  cache_order=order_name, reserves=reserves)
+                  cache_order=order_name, reserves=reserves, kv_type=kv_type)
 
     def cpu(reason: str) -> Plan:
-        return Plan(mode="cpu", reason=reason, components=tuple(_cpu_plan(s, ctx, chunk)), wq_cache_fraction=0.0,
+        return Plan(mode="cpu", reason=reason, components=tuple(_cpu_plan(s, ctx, chunk, kv_type)), wq_cache_fraction=0.0,
                     vram_budget={}, **{k: v for k, v in common.items() if k != "vram_budget"})
 
     def gpu(n_cached: int | None) -> Plan | None:
-        r = _gpu_plan(s, ctx, devs, budgets, n_cached, order, chunk)
+        r = _gpu_plan(s, ctx, devs, budgets, n_cached, order, chunk, kv_type)
         if r is None:
             return None
         comps, cached, spans, notes = r
@@ -298,7 +304,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         n_req = total_slots if mode == "gpu-residual" else want
         p = gpu(n_req)
         if p is None:
-            need = sum(s.layer_bytes) + ctx * s.kv_bytes_per_token_f16 + s.head_bytes
+            need = sum(s.layer_bytes) + ctx * s.kv_bytes_per_token(kv_type) + s.head_bytes
             why = (f"too little VRAM: the non-expert weights and KV cache need {fmt_bytes(need)} plus "
                    f"{fmt_bytes(CUDA_CONTEXT_BYTES)} CUDA context and activation buffers per GPU; "
                    f"budget {fmt_bytes(sum(budgets))}")
@@ -313,14 +319,17 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
     if not p.fits:
         p = replace(p, reason=p.reason + " — does not fit: " + "; ".join(over or ["the requested mode is impossible here"]))
         if suggest:
-            p = _with_suggestion(p, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk)
+            p = _with_suggestion(p, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk,
+                                 kv_type)
     return p
 
 
-def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk) -> Plan:
+def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk,
+                     kv_type) -> Plan:
     """The nearest plan that fits: fewer cached experts, then a smaller context,
     then the best mode at this context, then the best mode at a smaller one."""
-    kw = dict(vram_budget=vram_budget, dram_budget=dram_budget, gpus=gpus, freqs=freqs, chunk=chunk, suggest=False)
+    kw = dict(vram_budget=vram_budget, dram_budget=dram_budget, gpus=gpus, freqs=freqs, chunk=chunk, suggest=False,
+              kv_type=kv_type)
 
     def at(c, m, f):
         try:

@@ -14,9 +14,10 @@ from .gguf.reader import GGUFFile
 from .units import fmt_bytes
 
 
-def full_precision_bytes(g: GGUFFile, cfg: ModelConfig, ctx: int) -> dict[str, int]:
+def full_precision_bytes(g: GGUFFile, cfg: ModelConfig, ctx: int, kv_type: str) -> dict[str, int]:
     """What a full-precision load allocates (beyond the mapped file), by part."""
-    from .plan_sizes import cpu_workspace_bytes, kv_bytes_per_token
+    from .kv_types import kv_bytes, kv_values_per_token
+    from .plan_sizes import cpu_workspace_bytes
 
     copies = 0
     for t in g.tensors.values():
@@ -24,8 +25,8 @@ def full_precision_bytes(g: GGUFFile, cfg: ModelConfig, ctx: int) -> dict[str, i
             copies += t.n_elements * 4
     shape = SimpleNamespace(n_head=cfg.n_head, n_expert_used=max(1, cfg.n_expert_used), n_embd=cfg.n_embd,
                             n_ff_exp=max(cfg.n_ff_exp, cfg.n_ff), head_dim=max(cfg.head_dim, cfg.head_dim_v),
-                            n_vocab=cfg.n_vocab)
-    return {"KV cache": ctx * kv_bytes_per_token(cfg, 4), "float32 weights": copies,
+                            n_vocab=cfg.n_vocab, n_layer=cfg.n_layer, kv_values_per_token=kv_values_per_token(cfg))
+    return {"KV cache": ctx * kv_bytes(shape.kv_values_per_token, kv_type), "float32 weights": copies,
             "working memory": cpu_workspace_bytes(shape, ctx)}
 
 
@@ -46,8 +47,8 @@ def dram_budget_bytes(budget: int | None = None) -> int:
     return max(0, min(total - dram_reserve_bytes(total), avail))
 
 
-def check_full_precision(g: GGUFFile, cfg: ModelConfig, ctx: int, dram_budget: int | None = None) -> None:
-    parts = full_precision_bytes(g, cfg, ctx)
+def check_full_precision(g: GGUFFile, cfg: ModelConfig, ctx: int, kv_type: str, dram_budget: int | None = None) -> None:
+    parts = full_precision_bytes(g, cfg, ctx, kv_type)
     need, cap = sum(parts.values()), dram_budget_bytes(dram_budget)
     if need > cap:
         what = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items())

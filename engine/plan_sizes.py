@@ -14,6 +14,7 @@ from pathlib import Path
 from .config import ModelConfig, config_from_metadata
 from .errors import ModelFileError
 from .gguf.reader import GGUFFile
+from .kv_types import kv_bytes, kv_values_per_token
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
@@ -71,8 +72,7 @@ class ModelSizes:
     tied_head: bool
     f32_bytes: int  # F32 tensors the engine copies out of the mapping (norms, routers)
     nonexpert_types: tuple[tuple[str, int], ...]  # (source type, bytes), largest first
-    kv_bytes_per_token_f32: int  # the CPU engine's cache
-    kv_bytes_per_token_f16: int  # a GPU cache
+    kv_values_per_token: int  # cache values per token over all layers (engine/kv_cache.py)
     source_bytes: int  # the GGUF itself
 
     @property
@@ -87,18 +87,8 @@ class ModelSizes:
     def nonexpert_bytes(self) -> int:
         return sum(self.layer_bytes) + self.embd_bytes + self.head_bytes
 
-    def kv_layer_bytes(self, n_ctx: int, dtype_bytes: int) -> int:
-        per = self.kv_bytes_per_token_f32 if dtype_bytes == 4 else self.kv_bytes_per_token_f16
-        return n_ctx * per // max(1, self.n_layer)
-
-
-def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int) -> int:
-    try:  # the architecture-aware count (deepseek2 keeps only the latent)
-        from .models.mla import kv_bytes_per_token as per_arch
-
-        return int(per_arch(cfg, dtype_bytes))
-    except ImportError:
-        return cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * dtype_bytes
+    def kv_bytes_per_token(self, kv_type: str) -> int:
+        return kv_bytes(self.kv_values_per_token, kv_type)
 
 
 def expert_part_bytes(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -159,7 +149,7 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
         expert_layers=tuple(sorted(moe_layers)), wq_bytes=wq, wr_bytes=wr, d4_bytes=d4,
         layer_bytes=tuple(per_layer), embd_bytes=embd, head_bytes=head, tied_head=tied, f32_bytes=f32,
         nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
-        kv_bytes_per_token_f32=kv_bytes_per_token(cfg, 4), kv_bytes_per_token_f16=kv_bytes_per_token(cfg, 2),
+        kv_values_per_token=kv_values_per_token(cfg),
         source_bytes=g.size_bytes)
 
 
@@ -168,9 +158,11 @@ def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -
     of a full context on the CPU engine (f32), plus the tokenizer: attention
     scores and softmax of one query chunk [n_head, c, S] (2 copies), the routed
     experts' per-slot activations [T*k, H] (~3 copies), hidden states, RoPE
-    tables. Checked against the demo's peak RSS (tests/test_plan.py)."""
+    tables, one layer's cache read back as f32 for the chunk's attention. Checked
+    against the demo's peak RSS (tests/test_plan.py)."""
     T, S = min(chunk, n_ctx), n_ctx
     attn = 2 * s.n_head * min(T, attention_chunk(s.n_head, S)) * S * 4
+    attn += S * s.kv_values_per_token // max(1, s.n_layer) * 4
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
     hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
     rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64

@@ -14,23 +14,26 @@ import time
 
 import torch
 
+from .kv_types import DEFAULT_KV_TYPE
 from .step import Step, StepTrace
 
 
 class Runner:
-    def __init__(self, net, policy=None, where: str = "cpu", devices: tuple = (), layer_devices=None):
+    def __init__(self, net, policy=None, where: str = "cpu", devices: tuple = (), layer_devices=None,
+                 kv_type: str = DEFAULT_KV_TYPE):
         self.net = net
         self.policy = policy  # the loaded default: FixedCritical, UmiaPolicy, or None (no split)
         self.where = where  # "cpu", or the plan's devices ("cuda:0", "cuda:0+cuda:1")
         self.devices = devices  # the GPU step's device objects (engine/gpu/device.py)
         self.layer_devices = layer_devices  # per layer: where its KV cache lives (None: the host)
+        self.kv_type = kv_type  # the KV cache's type (engine/kv_cache.py)
 
     @property
     def gpu_step(self) -> bool:
         return bool(self.devices)
 
     def new_cache(self, n_ctx: int):
-        return self.net.new_cache(n_ctx, self.layer_devices)
+        return self.net.new_cache(n_ctx, self.layer_devices, self.kv_type)
 
     def split_layers(self) -> list:
         """The MoE layers' residual-split experts as loaded (the CPU step's), in layer order."""

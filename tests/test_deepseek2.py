@@ -20,7 +20,7 @@ from rapidmoe.engine.config import config_from_metadata
 from rapidmoe.engine.errors import ModelFileError
 from rapidmoe.engine.model import load_model
 from rapidmoe.engine.models.common import rms_norm
-from rapidmoe.engine.models.mla import kv_bytes_per_token
+from rapidmoe.engine.kv_types import kv_bytes, kv_values_per_token
 from rapidmoe.engine.synth import write_synthetic
 
 REFS = Path(__file__).parent / "refs"
@@ -52,7 +52,7 @@ def v3_metadata(**over):
 def test_v3_kv_cache_is_latent_only():
     cfg = config_from_metadata(v3_metadata())
     assert cfg.n_layer == 61 and cfg.get("n_layer_nextn") == 1  # the MTP block is not part of the trunk
-    per_token = kv_bytes_per_token(cfg)  # f16
+    per_token = kv_bytes(kv_values_per_token(cfg), "f16")
     assert per_token == 61 * (512 + 64) * 2 == 70272
     gb = per_token * 32768 / 1e9
     print(f"DeepSeek-V3 KV cache: {per_token} bytes/token (f16), {gb:.2f} GB for a 32K context")
@@ -147,7 +147,7 @@ def test_legacy_kv_b_gives_identical_logits(files):
     b, cache = _run(legacy, toks)
     assert torch.equal(a, b)
     # the legacy file runs absorbed too: its cache holds latents, not per-head K/V
-    assert cache.kv[0].shape == (128, 32 + 16)
+    assert cache.kv[0].data.shape == (128, 1, 32 + 16)
 
 
 def test_mtp_block_is_skipped(files):
@@ -185,12 +185,12 @@ def test_absorbed_decode_matches_multi_head_attention(files, preset):
     attn = model.net.blocks[1].attn
     x = torch.randn(12, model.cfg.n_embd, generator=torch.Generator().manual_seed(0))
     want = _mha_reference(attn, x)
-    prefill = attn(x, 0, model.net.new_cache(64))
-    cache = model.net.new_cache(64)
+    prefill = attn(x, 0, model.net.new_cache(64, kv_type="f32"))
+    cache = model.net.new_cache(64, kv_type="f32")
     steps = torch.cat([attn(x[t:t + 1], t, cache) for t in range(12)])  # one token at a time
     assert torch.allclose(prefill, want, atol=2e-5, rtol=0)
     assert torch.allclose(steps, want, atol=2e-5, rtol=0)
-    assert cache.bytes_per_token() == kv_bytes_per_token(model.cfg, 4)
+    assert cache.nbytes == 64 * kv_bytes(kv_values_per_token(model.cfg), "f32")
 
 
 def cli(*args):
@@ -211,7 +211,8 @@ def test_cli_prompt_and_eval_on_deepseek2(files, tmp_path):
 
     text = tmp_path / "p.txt"
     text.write_text(PROMPT, encoding="utf-8")
-    r = cli("eval", "-m", path, "--text", str(text), "--save-logits", str(tmp_path / "l.npz"), "--json")
+    r = cli("eval", "-m", path, "--kv-type", "f32", "--text", str(text), "--save-logits", str(tmp_path / "l.npz"),
+            "--json")  # llama.cpp's references ran with an f32 KV cache
     assert r.returncode == 0, r.stderr
     with np.load(tmp_path / "l.npz") as z:
         toks, logits = z["tokens"].tolist(), z["logits"].astype(np.float64)

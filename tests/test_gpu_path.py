@@ -108,12 +108,14 @@ def _logits(model, toks, decode: bool, policy=None) -> np.ndarray:
 @pytest.mark.parametrize("critical", ["k", 2, "auto"])
 def test_standin_logits_equal_the_cpu_split_path(files, arch, critical, monkeypatch):
     monkeypatch.delenv("RAPIDMOE_STANDIN_GPU", raising=False)
-    cpu = load_model(files[arch], n_ctx=64, critical=critical)
+    # an f32 cache: f16 rounding would turn the two steps' last-bit differences in K into larger ones
+    exact = PlanRequest(kv_type="f32")
+    cpu = load_model(files[arch], n_ctx=64, critical=critical, placement=exact)
     assert cpu.plan.mode == "cpu" and not cpu.runner.gpu_step
     toks = list(np.random.default_rng(1).integers(5, cpu.cfg.n_vocab - 5, 48))
     ref = _logits(cpu, toks, True)
     monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
-    gpu = load_model(files[arch], n_ctx=64, critical=critical)
+    gpu = load_model(files[arch], n_ctx=64, critical=critical, placement=exact)
     assert gpu.plan.mode == "gpu-residual" and gpu.runner.gpu_step
     d = divergence(ref, _logits(gpu, toks, True))
     assert d.kl_mean <= KL_SAME and d.top1 == 1.0, d
@@ -291,12 +293,13 @@ def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emu
     src = write_synthetic(tmp_path / "m.gguf", "ds2_v3" if arch == "deepseek2" else arch, seed=4, dtype="q8_0",
                           **shape)
     monkeypatch.delenv("RAPIDMOE_STANDIN_GPU", raising=False)
-    cpu = load_model(src, n_ctx=32, critical=2)
+    exact = PlanRequest(kv_type="f32")  # the cache type is not under test: f16 would add its own rounding
+    cpu = load_model(src, n_ctx=32, critical=2, placement=exact)
     toks = list(range(7, 19))
     ref_pre, ref_dec = _logits(cpu, toks, False), _logits(cpu, toks[:4], True)
     monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
     monkeypatch.setattr(gd, "StandInDevice", gd.EmulatedGpuDevice)
-    gpu = load_model(src, n_ctx=32, critical=2)
+    gpu = load_model(src, n_ctx=32, critical=2, placement=exact)
     attn = gpu.net.blocks[0].attn
     assert isinstance(gpu.net.output, GpuQWeight) and isinstance(attn.wo, GpuQWeight)
     if arch == "deepseek2":

@@ -53,13 +53,15 @@ def _log_softmax(x):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.plan import PlanRequest
 
     tmp = tmp_path_factory.mktemp("parity")
     cache = {}
 
     def get(name):
         if name not in cache:
-            cache[name] = load_model(build_case(name, tmp), n_ctx=256)
+            # llama.cpp's references ran with an f32 KV cache (type_k = type_v = 0)
+            cache[name] = load_model(build_case(name, tmp), n_ctx=256, placement=PlanRequest(kv_type="f32"))
         return cache[name]
 
     return get

@@ -19,6 +19,7 @@ from rapidmoe.engine import synth_arch
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
 from rapidmoe.engine.hardware import GiB, GPUInfo, HardwareRecord
+from rapidmoe.engine.kv_types import KV_TYPES
 from rapidmoe.engine.plan import CUDA_CONTEXT_BYTES, dram_reserve_bytes, plan
 from rapidmoe.engine.plan_sizes import load_expert_frequencies, sizes_from_gguf
 
@@ -106,9 +107,13 @@ def test_sizes_match_a_real_pack(tmp_path):
 
     m = load_model(src, n_ctx=256, critical="k")
     assert resident_model_bytes(m) == mapped
-    kv = next(c.bytes for c in p.components if c.name.startswith("KV cache"))
-    cache = m.net.new_cache(256)
-    assert kv == sum(t.numel() * t.element_size() for t in [*cache.k, *cache.v])
+    kv_of = {}
+    for kv_type in KV_TYPES:  # the plan's KV cache is the one the model allocates, in each type
+        q = plan(s, MACHINES["noGPU+64GB"], 256, kv_type=kv_type)
+        kv = next(c for c in q.components if c.name.startswith("KV cache"))
+        assert kv_type in kv.name and kv.bytes == m.net.new_cache(256, kv_type=kv_type).nbytes
+        kv_of[kv_type] = kv.bytes
+    assert kv_of["f32"] == 2 * kv_of["f16"] and kv_of["q8_0"] == kv_of["f16"] * 17 // 32
 
 
 @pytest.mark.parametrize("name", list(MACHINES))

@@ -1,11 +1,41 @@
-// One decode step of standard GQA attention on the CPU, after the q/k/v projections:
-// optional per-head RMS norms of q and k, RoPE, the new K/V written into the cache,
-// then softmax(scale * q.K^T) V for every query head over positions 0..pos. The math
-// and its order follow the torch path in engine/models/common.py (llama.cpp's order).
+// Decode attention on the CPU over a KV cache kept as f32, f16 or q8_0 rows.
+//
+// attn_decode is one decode step of standard GQA attention after the q/k/v
+// projections: optional per-head RMS norms of q and k, RoPE, the new K/V stored
+// into the cache, then attn_cached. attn_cached is softmax(scale * q.K^T) V for
+// every query head over positions 0..S-1, in the flash-decoding order: the keys
+// are cut into blocks that threads take with the heads of one KV group (each K/V
+// row is read once for all the query heads sharing it), each block keeps its own
+// running maximum, sum and output, and the blocks are merged at the end. No score
+// row of the whole context is ever held. The math follows the torch path in
+// engine/models/common.py (llama.cpp's order); rounding differs only in the order
+// of the sums.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace rmoe {
+
+// GGUF type ids of the cache rows.
+enum class KvType : int { F32 = 0, F16 = 1, Q8_0 = 8 };
+
+// One layer's cache rows: position j, head g at base + j * pos_stride + g * head_stride
+// (bytes), dim values each. q8_0 rows are ggml blocks ([d:f16][q:32 x int8], dim % 32 == 0).
+struct KvRows {
+  KvType type;
+  uint8_t* base;
+  size_t pos_stride, head_stride, dim;
+};
+
+size_t kv_row_bytes(KvType t, size_t dim);  // bytes of one head's row of dim values
+
+// Rows of n_heads heads at position pos from x [n_heads * dim] (f16: round to nearest
+// even; q8_0: d = max|x| / 127 over each 32 values, q = round(x / d), ties to even).
+void kv_store(const KvRows& c, size_t pos, size_t n_heads, const float* x);
+
+// q [n_head * K.dim] (head h reads group h / (n_head / n_groups)); out [n_head * V.dim].
+void attn_cached(const float* q, size_t n_head, size_t n_groups, const KvRows& K, const KvRows& V, size_t S,
+                 float scale, float* out);
 
 struct AttnDecode {
   size_t n_head, n_head_kv, head_dim, head_dim_v;
@@ -18,13 +48,18 @@ struct AttnDecode {
   float eps, scale;
 };
 
-// q [n_head*hd], k [n_kv*hd], v [n_kv*hdv] (q and k are modified in place); kc [>pos, n_kv, hd],
-// vc [>pos, n_kv, hdv]: row pos is written; out [n_head*hdv].
-void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, float* kc, float* vc, size_t pos, float* out);
+// q [n_head*hd], k [n_kv*hd], v [n_kv*hdv] (q and k are modified in place); kc, vc: the
+// layer's caches (position pos is written); out [n_head*hdv].
+void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, const KvRows& kc, const KvRows& vc,
+                 size_t pos, float* out);
 
-// One query head over S positions (AVX2 + FMA; attn_avx2.cpp): q [hd]; keys at k + j*ks,
-// values at v + j*vs; p: scratch [S]; out [hdv].
-void attn_head_avx2(const float* q, const float* k, const float* v, size_t ks, size_t vs, size_t hd, size_t hdv,
-                    size_t S, float scale, float* p, float* out);
+// The AVX2 + FMA + F16C pieces of attn_cached (attn_avx2.cpp; called only where isa.cpp
+// allows AVX2). Tiles are n rows of dim f32 values, row after row.
+void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);
+void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
+                    float* s, size_t sstride);  // s[h * sstride + t] = scale * q_h . tile_t
+float kv_exp_avx2(float* p, size_t n, float m);  // p = e^(p - m), returns the sum
+void kv_accum_avx2(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o);
+// o = c * o + sum_t p_t tile_t[0:dim]
 
 }  // namespace rmoe

@@ -1,12 +1,13 @@
-// The decode attention of one query head with AVX2 + FMA (called only where isa.cpp
-// allows AVX2): dot products of 8 lanes, e^x as Cephes expf (within 2 ulp of std::exp,
-// as silu_mul_avx512), and the weighted sum of values.
+// attn_cached's pieces with AVX2 + FMA + F16C (called only where isa.cpp allows AVX2):
+// cache rows to f32 tiles, dot products of 8 lanes, e^x as Cephes expf (within 2 ulp of
+// std::exp, as silu_mul_avx512), and the weighted sum of values.
 #include "attn.h"
 
 #if RMOE_X86
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "simd.h"
 
@@ -43,55 +44,104 @@ inline __m256 exp8(__m256 x) {
 
 }  // namespace
 
-void attn_head_avx2(const float* q, const float* k, const float* v, size_t ks, size_t vs, size_t hd, size_t hdv,
-                    size_t S, float scale, float* p, float* out) {
-  // scores, 4 keys at a time (independent FMA chains)
-  const size_t hd8 = hd / 8 * 8;
-  size_t j = 0;
-  for (; j + 4 <= S; j += 4) {
-    const float* k0 = k + j * ks;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t d = 0; d < hd8; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ks + d), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ks + d), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ks + d), a3);
+void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
+  const size_t d = c.dim;
+  for (size_t t = 0; t < n; ++t, tile += d) {
+    const uint8_t* r = c.base + (j0 + t) * c.pos_stride + g * c.head_stride;
+    if (c.type == KvType::F32) {
+      std::memcpy(tile, r, d * sizeof(float));
+    } else if (c.type == KvType::F16) {
+      size_t i = 0;
+      for (; i + 8 <= d; i += 8)
+        _mm256_storeu_ps(tile + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i))));
+      for (; i < d; ++i) tile[i] = h2f((uint32_t)(r[2 * i] | r[2 * i + 1] << 8));
+    } else {
+      for (size_t b = 0; b < d / 32; ++b, r += 34) {
+        const __m256 s = _mm256_set1_ps(h2f((uint32_t)(r[0] | r[1] << 8)));
+        for (int i = 0; i < 4; ++i) {
+          const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 + 8 * i));
+          _mm256_storeu_ps(tile + 32 * b + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+        }
+      }
     }
-    float t[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-    for (size_t d = hd8; d < hd; ++d)
-      for (int i = 0; i < 4; ++i) t[i] += q[d] * k0[i * ks + d];
-    for (int i = 0; i < 4; ++i) p[j + i] = t[i] * scale;
   }
-  for (; j < S; ++j) p[j] = dot8(q, k + j * ks, hd) * scale;
-  float mx = -INFINITY;
-  for (j = 0; j < S; ++j) mx = p[j] > mx ? p[j] : mx;
-  __m256 vs8 = _mm256_setzero_ps();
-  const __m256 m8 = _mm256_set1_ps(mx);
-  for (j = 0; j + 8 <= S; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), m8));
-    _mm256_storeu_ps(p + j, e);
-    vs8 = _mm256_add_ps(vs8, e);
+}
+
+void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
+                    float* s, size_t sstride) {
+  const size_t d8 = dim / 8 * 8;
+  size_t h = 0;
+  // two heads x four keys: each key load feeds two FMAs, each query load four
+  for (; h + 2 <= nq; h += 2) {
+    const float *q0 = q + h * qstride, *q1 = q0 + qstride;
+    size_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      const float* k0 = tile + t * dim;
+      __m256 a[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+      for (size_t d = 0; d < d8; d += 8) {
+        const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 kv = _mm256_loadu_ps(k0 + i * dim + d);
+          a[i] = _mm256_fmadd_ps(x0, kv, a[i]);
+          a[4 + i] = _mm256_fmadd_ps(x1, kv, a[4 + i]);
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        float t0 = hsum8(a[i]), t1 = hsum8(a[4 + i]);
+        for (size_t d = d8; d < dim; ++d) {
+          t0 += q0[d] * k0[i * dim + d];
+          t1 += q1[d] * k0[i * dim + d];
+        }
+        s[h * sstride + t + i] = t0 * scale;
+        s[(h + 1) * sstride + t + i] = t1 * scale;
+      }
+    }
+    for (; t < n; ++t) {
+      s[h * sstride + t] = dot8(q0, tile + t * dim, dim) * scale;
+      s[(h + 1) * sstride + t] = dot8(q1, tile + t * dim, dim) * scale;
+    }
   }
-  float sum = hsum8(vs8);
-  for (; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
-  for (j = 0; j < S; ++j) p[j] /= sum;
-  // out = sum_j p_j v_j, 64 outputs at a time in registers
+  for (; h < nq; ++h)
+    for (size_t t = 0; t < n; ++t) s[h * sstride + t] = dot8(q + h * qstride, tile + t * dim, dim) * scale;
+}
+
+float kv_exp_avx2(float* p, size_t n, float m) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 m8 = _mm256_set1_ps(m);
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), m8));
+    _mm256_storeu_ps(p + t, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum8(acc);
+  for (; t < n; ++t) sum += (p[t] = std::exp(p[t] - m));
+  return sum;
+}
+
+void kv_accum_avx2(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o) {
+  const __m256 c8 = _mm256_set1_ps(c);
   size_t d0 = 0;
-  for (; d0 + 64 <= hdv; d0 += 64) {
-    __m256 o[8];
-    for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
-    for (j = 0; j < S; ++j) {
-      const __m256 w8 = _mm256_set1_ps(p[j]);
-      const float* vj = v + j * vs + d0;
-      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(vj + 8 * i), o[i]);
+  for (; d0 + 64 <= dim; d0 += 64) {  // 64 outputs in registers over the tile's keys
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o + d0 + 8 * i));
+    for (size_t t = 0; t < n; ++t) {
+      const __m256 w8 = _mm256_set1_ps(p[t]);
+      const float* vt = tile + t * tstride + d0;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(vt + 8 * i), acc[i]);
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + d0 + 8 * i, o[i]);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
   }
-  for (; d0 < hdv; ++d0) {
-    float o = 0.f;
-    for (j = 0; j < S; ++j) o += p[j] * v[j * vs + d0];
-    out[d0] = o;
+  for (; d0 + 8 <= dim; d0 += 8) {
+    __m256 acc = _mm256_mul_ps(c8, _mm256_loadu_ps(o + d0));
+    for (size_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(tile + t * tstride + d0), acc);
+    _mm256_storeu_ps(o + d0, acc);
+  }
+  for (; d0 < dim; ++d0) {
+    float acc = c * o[d0];
+    for (size_t t = 0; t < n; ++t) acc += p[t] * tile[t * tstride + d0];
+    o[d0] = acc;
   }
 }
 
@@ -99,7 +149,9 @@ void attn_head_avx2(const float* q, const float* k, const float* v, size_t ks, s
 
 #else  // non-x86: never selected
 namespace rmoe {
-void attn_head_avx2(const float*, const float*, const float*, size_t, size_t, size_t, size_t, size_t, float, float*,
-                    float*) {}
+void kv_rows_f32_avx2(const KvRows&, size_t, size_t, size_t, float*) {}
+void kv_scores_avx2(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
+float kv_exp_avx2(float*, size_t, float) { return 0.f; }
+void kv_accum_avx2(const float*, const float*, size_t, size_t, size_t, float, float*) {}
 }  // namespace rmoe
 #endif

@@ -222,13 +222,30 @@ void def_resplit(py::module_& m) {
 // ---- decode attention and the fused decode block halves (csrc/cpu/attn.h, decode.h) ----
 namespace {
 
-// A float32 C-contiguous writable array, used in place (never a converted copy).
-float* inplace_f32(const py::array& a, size_t ndim, const char* what) {
-  if (!py::isinstance<py::array_t<float>>(a) || !(a.flags() & py::array::c_style) || !a.writeable() ||
-      (size_t)a.ndim() != ndim)
-    throw py::value_error(std::string("attention: ") + what + " must be a writable C-contiguous float32 array of " +
-                          std::to_string(ndim) + " dims");
-  return static_cast<float*>(const_cast<void*>(a.data()));
+// A layer's KV cache rows, used in place (never a converted copy): a writable C-contiguous
+// [n_ctx, n_heads, dim] array of float32 or float16, or of uint8 holding q8_0 blocks
+// ([n_ctx, n_heads, dim / 32 * 34]).
+rmoe::KvRows kv_rows(const py::array& a, const char* what) {
+  const auto bad = [&] {
+    return py::value_error(std::string("attention: ") + what +
+                           " must be a writable C-contiguous [n_ctx, heads, dim] array of float32, float16 or q8_0 "
+                           "blocks (uint8)");
+  };
+  if (!(a.flags() & py::array::c_style) || !a.writeable() || a.ndim() != 3 || a.shape(2) == 0) throw bad();
+  rmoe::KvType t;
+  size_t dim = (size_t)a.shape(2);
+  if (py::isinstance<py::array_t<float>>(a)) {
+    t = rmoe::KvType::F32;
+  } else if (a.dtype().kind() == 'f' && a.itemsize() == 2) {
+    t = rmoe::KvType::F16;
+  } else if (py::isinstance<py::array_t<uint8_t>>(a) && dim % 34 == 0) {
+    t = rmoe::KvType::Q8_0;
+    dim = dim / 34 * 32;
+  } else {
+    throw bad();
+  }
+  const size_t hs = (size_t)a.strides(1);
+  return {t, static_cast<uint8_t*>(const_cast<void*>(a.data())), (size_t)a.strides(0), hs, dim};
 }
 
 // An optional float32 vector of n values (None: null); keep holds the array alive.
@@ -242,16 +259,16 @@ const float* opt_f32(const py::object& o, size_t n, const char* what, F32Array& 
 // Heads, RoPE, norms and the caches of one decode step, checked (q, k, v sizes by the caller).
 struct AttnArgs {
   rmoe::AttnDecode a{};
-  float *kc = nullptr, *vc = nullptr;
+  rmoe::KvRows kc{}, vc{};
   size_t pos = 0;
   F32Array cos, sin, qn, kn;
   AttnArgs(const py::array& kca, const py::array& vca, size_t pos_, size_t n_head, const F32Array& cos_,
            const F32Array& sin_, size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm,
            float eps, float scale)
       : pos(pos_), cos(cos_), sin(sin_) {
-    kc = inplace_f32(kca, 3, "k cache");
-    vc = inplace_f32(vca, 3, "v cache");
-    const size_t nkv = (size_t)kca.shape(1), hd = (size_t)kca.shape(2), hdv = (size_t)vca.shape(2);
+    kc = kv_rows(kca, "k cache");
+    vc = kv_rows(vca, "v cache");
+    const size_t nkv = (size_t)kca.shape(1), hd = kc.dim, hdv = vc.dim;
     if (n_head == 0 || nkv == 0 || n_head % nkv || (size_t)vca.shape(1) != nkv || pos >= (size_t)kca.shape(0) ||
         pos >= (size_t)vca.shape(0) || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
         (size_t)sin.size() < rope_dim / 2)
@@ -296,6 +313,39 @@ void def_attn(py::module_& m) {
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), RMOE_ATTN_ARGS,
      "one decode token of GQA attention: q/k head norms, RoPE, K/V into the cache at pos, attention -> [n_head*hdv]");
+
+  m.def("kv_store", [](const py::array& cache, size_t pos, const F32Array& x) {
+    const rmoe::KvRows c = kv_rows(cache, "cache");
+    const size_t heads = (size_t)cache.shape(1);
+    if (pos >= (size_t)cache.shape(0) || (size_t)x.size() != heads * c.dim)
+      throw py::value_error("attention: shapes do not agree");
+    rmoe::kv_store(c, pos, heads, x.data());
+  }, py::arg("cache"), py::arg("pos"), py::arg("x"), "x [heads * dim] into the cache rows at pos, in the cache's type");
+
+  m.def("attn_cached", [](const F32Array& q, const py::array& kc, const py::object& vc, size_t S, size_t n_head,
+                          float scale, size_t v_dim) {
+    const rmoe::KvRows K = kv_rows(kc, "k cache");
+    rmoe::KvRows V = K;  // None: the values are the first v_dim of the key rows (MLA's latent)
+    if (!vc.is_none()) V = kv_rows(vc.cast<py::array>(), "v cache");
+    if (vc.is_none() && (v_dim == 0 || v_dim > K.dim || (K.type == rmoe::KvType::Q8_0 && v_dim % 32)))
+      throw py::value_error("attention: v_dim must be within the key rows");
+    if (vc.is_none()) V.dim = v_dim;
+    const size_t G = (size_t)kc.shape(1);
+    if (n_head == 0 || n_head % G || (!vc.is_none() && (size_t)vc.cast<py::array>().shape(1) != G) || S == 0 ||
+        S > (size_t)kc.shape(0) || (!vc.is_none() && S > (size_t)vc.cast<py::array>().shape(0)) ||
+        (size_t)q.size() != n_head * K.dim)
+      throw py::value_error("attention: shapes do not agree");
+    F32Array out((py::ssize_t)(n_head * V.dim));
+    const float* qp = q.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      rmoe::attn_cached(qp, n_head, G, K, V, S, scale, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("kc"), py::arg("vc"), py::arg("S"), py::arg("n_head"), py::arg("scale"), py::arg("v_dim") = 0,
+     "softmax(scale q.K^T) V of n_head query heads over cache positions 0..S-1 (vc None: V is the first v_dim of "
+     "each key row) -> [n_head * v_dim]");
 
   m.def("decode_attn_block", [](const F32Array& x, const F32Array& norm_w, float norm_eps, const py::tuple& wq,
                                 const py::tuple& wk, const py::tuple& wv, const py::tuple& wo, const py::object& bq,

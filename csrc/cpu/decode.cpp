@@ -27,7 +27,7 @@ void matvec(const GgmlMat& m, const float* x, float* y) { ggml::matmul(m.type, m
 
 void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps, const GgmlMat& wq, const GgmlMat& wk,
                        const GgmlMat& wv, const GgmlMat& wo, const float* bq, const float* bk, const float* bv,
-                       const AttnDecode& a, float* kc, float* vc, size_t pos, float* out) {
+                       const AttnDecode& a, const KvRows& kc, const KvRows& vc, size_t pos, float* out) {
   std::vector<float> xn(H), q(wq.rows), k(wk.rows), v(wv.rows), o(a.n_head * a.head_dim_v), y(wo.rows);
   rms_norm_row(x, H, norm_w, eps, xn.data());
   const int types[3] = {wq.type, wk.type, wv.type};

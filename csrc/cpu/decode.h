@@ -24,7 +24,7 @@ void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* ou
 // norms (its cos/sin are the position's); biases may be null.
 void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps, const GgmlMat& wq, const GgmlMat& wk,
                        const GgmlMat& wv, const GgmlMat& wo, const float* bq, const float* bk, const float* bv,
-                       const AttnDecode& a, float* kc, float* vc, size_t pos, float* out);
+                       const AttnDecode& a, const KvRows& kc, const KvRows& vc, size_t pos, float* out);
 
 struct RouteSpec {
   size_t E, k;

@@ -10,6 +10,7 @@ from ..config import ModelConfig
 from ..moe.block import MoEFFN
 from ..moe.router import RouterSpec
 from ..weights import Weights
+from ..kv_types import DEFAULT_KV_TYPE
 from .common import KVCache, Rope, default_kq_scale, embed, linear, rms_norm
 from .experts_loader import load_experts
 
@@ -59,9 +60,14 @@ class Attention:
             k = rms_norm(k, self.k_norm, cfg.rms_eps)
         q, k = self.rope(q, pos0), self.rope(k, pos0)
         kc, vc = cache.k[self.il], cache.v[self.il]
-        kc[pos0:pos0 + T] = k
-        vc[pos0:pos0 + T] = v.view(T, cfg.n_head_kv, cfg.head_dim_v)
-        o = attend(q, kc[:pos0 + T], vc[:pos0 + T], pos0, self.scale)  # [T, nh*hdv]
+        kc.write(pos0, k)
+        vc.write(pos0, v.view(T, cfg.n_head_kv, cfg.head_dim_v))
+        S = pos0 + T
+        if T == 1 and kc.device.type == "cpu":  # decode: the cache read in place, blocks over threads
+            o = torch.from_numpy(kernels.attn_cached(q.reshape(-1).numpy(), kc.array(), vc.array(), S,
+                                                     cfg.n_head, self.scale)).view(1, -1)
+        else:
+            o = attend(q, kc.read(S), vc.read(S), pos0, self.scale)  # [T, nh*hdv]
         return linear(o, self.wo)
 
     def fusable(self) -> bool:
@@ -76,7 +82,7 @@ class Attention:
         cfg = self.cfg
         out = kernels.decode_attn_block(
             x.numpy().reshape(-1), norm_w.numpy(), eps, *self._ops,
-            cache.k[self.il].numpy(), cache.v[self.il].numpy(), pos, cfg.n_head, self.rope.cos[pos].numpy(),
+            cache.k[self.il].array(), cache.v[self.il].array(), pos, cfg.n_head, self.rope.cos[pos].numpy(),
             self.rope.sin[pos].numpy(), self.rope.dim, self.rope.style == "neox", self.q_norm_np, self.k_norm_np,
             cfg.rms_eps, self.scale)
         return torch.from_numpy(out).view(1, -1)
@@ -120,13 +126,9 @@ class Transformer:
             if progress:
                 progress(il + 1, cfg.n_layer)
 
-    def new_cache(self, n_ctx: int, devices=None) -> KVCache:
+    def new_cache(self, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE) -> KVCache:
         """devices: the device of each layer's cache (None: host memory)."""
-        return KVCache(self.cfg, n_ctx, devices)
-
-    def kv_bytes(self, n_ctx: int) -> int:
-        c = self.cfg
-        return n_ctx * c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4
+        return KVCache(self.cfg, n_ctx, devices, kv_type)
 
     def moe_layers(self) -> list[MoEFFN]:
         return [b.ffn for b in self.blocks if isinstance(b.ffn, MoEFFN)]

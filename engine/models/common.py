@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..kv_cache import KVRows
+from ..kv_types import DEFAULT_KV_TYPE
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -91,17 +93,18 @@ class Rope:
 
 
 class KVCache:
-    """Per-layer K and V for one sequence: k [n_ctx, n_kv, hd], v [n_ctx, n_kv, hd_v].
-    devices: each layer's device (None: all in host memory)."""
+    """Per-layer K and V for one sequence: k[il] [n_ctx, n_kv, hd], v[il] [n_ctx, n_kv, hd_v]
+    (engine/kv_cache.KVRows) in kv_type. devices: each layer's device (None: all in host memory)."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None):
-        self.n_ctx = n_ctx
+    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE):
+        self.n_ctx, self.kv_type = n_ctx, kv_type
         devs = devices or [None] * cfg.n_layer
-        self.k = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim, device=d) for d in devs]
-        self.v = [torch.zeros(n_ctx, cfg.n_head_kv, cfg.head_dim_v, device=d) for d in devs]
+        self.k = [KVRows(n_ctx, cfg.n_head_kv, cfg.head_dim, kv_type, d) for d in devs]
+        self.v = [KVRows(n_ctx, cfg.n_head_kv, cfg.head_dim_v, kv_type, d) for d in devs]
 
-    def bytes_per_token(self) -> int:
-        return sum(k[0].numel() * 4 + v[0].numel() * 4 for k, v in zip(self.k, self.v))
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.k + self.v)
 
 
 def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int, scale: float) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..config import ModelConfig
+from ..kv_types import DEFAULT_KV_TYPE
 from ..moe.block import MoEFFN, SharedExpert
 from ..moe.router import RouterSpec
 from .base import Block, Transformer
@@ -33,8 +34,8 @@ def yarn_attn_factor(cfg: ModelConfig) -> float:
 
 
 class DeepSeek2(Transformer):
-    def new_cache(self, n_ctx: int, devices=None) -> MLACache:
-        return MLACache(self.cfg, n_ctx, devices)
+    def new_cache(self, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE) -> MLACache:
+        return MLACache(self.cfg, n_ctx, devices, kv_type)
 
 
 def build(cfg, W, n_ctx, progress=None) -> Transformer:

@@ -15,7 +15,10 @@ import math
 
 import torch
 
+from .. import kernels
 from ..config import ModelConfig
+from ..kv_cache import KVRows
+from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
 from ..weights import Weights
 from .common import Rope, linear, rms_norm
 
@@ -23,26 +26,18 @@ from .common import Rope, linear, rms_norm
 _SCORES_MAX = 1 << 25  # attention scores held at once (128 MiB in f32)
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """KV cache bytes per token of context over all layers (f16: dtype_bytes = 2).
-    deepseek2 keeps the latent plus the rope key, as llama.cpp's MLA cache does
-    (legacy attn_kv_b files too: they run absorbed here); other architectures
-    keep K and V of every KV head."""
-    if cfg.arch == "deepseek2":
-        return cfg.n_layer * (cfg.get("kv_lora_rank") + cfg.rope_dim) * dtype_bytes
-    return cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * dtype_bytes
-
-
 class MLACache:
-    """Per layer: rows [n_ctx, kv_lora_rank + rope] = [latent c | roped k_pe]."""
+    """Per layer: rows [n_ctx, 1, kv_lora_rank + rope] = [latent c | roped k_pe] in kv_type."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None):
-        self.n_ctx = n_ctx
+    def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE):
+        self.n_ctx, self.kv_type = n_ctx, kv_type
         devs = devices or [None] * cfg.n_layer
-        self.kv = [torch.zeros(n_ctx, cfg.get("kv_lora_rank") + cfg.rope_dim, device=d) for d in devs]
+        check_kv_type(kv_type, (cfg.get("kv_lora_rank"),))  # the values are the rows' latent part
+        self.kv = [KVRows(n_ctx, 1, cfg.get("kv_lora_rank") + cfg.rope_dim, kv_type, d) for d in devs]
 
-    def bytes_per_token(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.kv)
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.kv)
 
 
 def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
@@ -103,16 +98,19 @@ class MLAttention:
         ckv = linear(x, self.wkv_a)  # [T, kv + rope]
         k_pe = self.rope(ckv[:, None, kv:], pos0)[:, 0]  # [T, rope]
         rows = cache.kv[self.il]
-        rows[pos0:pos0 + T, :kv] = rms_norm(ckv[:, :kv], self.kv_a_norm, cfg.rms_eps)
-        rows[pos0:pos0 + T, kv:] = k_pe
+        rows.write(pos0, torch.cat([rms_norm(ckv[:, :kv], self.kv_a_norm, cfg.rms_eps), k_pe], dim=-1)[:, None])
         S = pos0 + T
-        keys = rows[:S]  # [S, kv + rope]
 
         qcat = torch.cat([q_lat, q_pe], dim=-1)  # [T, nh, kv + rope]
         if cfg.get("attn_temp_scale"):  # llama.cpp's per-position query temperature
             pos = torch.arange(pos0, S, dtype=torch.float64)
             temp = torch.log(torch.floor(pos / cfg.get("attn_temp_length")) + 1) * cfg.get("attn_temp_scale") + 1
             qcat = qcat * temp.float().to(x.device)[:, None, None]
+        if T == 1 and rows.device.type == "cpu":  # decode: every head over the cached rows in place
+            o_lat = torch.from_numpy(kernels.attn_cached(qcat.reshape(-1).numpy(), rows.array(), None, S, nh,
+                                                         self.scale, v_dim=kv)).view(1, nh, kv)
+            return linear(per_head(self.v_b, o_lat).reshape(1, -1), self.wo)
+        keys = rows.read(S)[:, 0]  # [S, kv + rope]
         o_lat = torch.empty(T, nh, kv, device=x.device)
         step = max(1, _SCORES_MAX // (nh * S))  # queries per block: bounds the [t, nh, S] scores
         for t0 in range(0, T, step):
