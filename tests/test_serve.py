@@ -225,6 +225,10 @@ def test_api_key_is_required(srv):
     ({"messages": HI, "stream": "yes"}, "stream"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": HI, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": HI, "tool_choice": "any"}, "tool_choice"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, "messages"),
 ])
 def test_bad_requests_get_400_in_the_openai_shape(srv, body, param):
@@ -294,6 +298,63 @@ def test_tools_are_rendered_by_the_template(tsrv):
     assert r.usage.prompt_tokens > with_tools.usage.prompt_tokens
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a city",
+                                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _call_of(r, names):
+    """The reply's one tool call, checked: one of `names`, its arguments a JSON object."""
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name in names and call.id.startswith("call_")
+    assert isinstance(json.loads(call.function.arguments), dict)
+    return call
+
+
+def test_tool_choice_required_makes_the_reply_a_call(tsrv):
+    c = openai.OpenAI(base_url=tsrv.base_url, api_key="none", max_retries=0, timeout=120)
+    whole = _call_of(chat(c, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64),
+                     {"get_weather", "get_time"})
+    chunks = list(chat(c, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64, stream=True))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert not "".join(d.content or "" for d in deltas)  # nothing but the call
+    (call,) = [tc for d in deltas for tc in d.tool_calls or []]
+    assert (call.function.name, call.function.arguments) == (whole.function.name, whole.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # a template that opened <think>: it is closed, the reply is the call all the same
+    r = chat(c, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=64,
+             extra_body={"chat_template_kwargs": {"think": True}})
+    assert _call_of(r, {"get_weather"}) and "reasoning_content" not in r.choices[0].message.model_extra
+
+
+def test_a_named_tool_choice_offers_that_tool_alone(tsrv):
+    c = openai.OpenAI(base_url=tsrv.base_url, api_key="none", max_retries=0, timeout=120)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    both = chat(c, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=64)
+    alone = chat(c, messages=ASK, tools=[TIME], tool_choice=named, max_tokens=64)
+    assert _call_of(both, {"get_time"}).function.arguments == _call_of(alone, {"get_time"}).function.arguments
+    assert both.usage.prompt_tokens == alone.usage.prompt_tokens  # get_weather never reached the template
+    assert alone.usage.prompt_tokens_details.cached_tokens == alone.usage.prompt_tokens - 1
+
+
+def test_a_forced_call_cut_by_max_tokens_is_an_error_not_a_reply(tsrv):
+    c = openai.OpenAI(base_url=tsrv.base_url, api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(c, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=2)
+    err = e.value.body
+    assert err["code"] == "tool_call_incomplete" and err["param"] == "max_tokens" and "max_tokens" in err["message"]
+    with pytest.raises(openai.APIError, match="before its tool call was complete"):
+        list(chat(c, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=2, stream=True))
+    # "none": no tools rendered, a text reply
+    r = chat(c, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=3)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
 def test_non_loopback_host_needs_a_key():
     r = subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", "serve", "--host", "0.0.0.0"],
                        capture_output=True, text=True, timeout=60, env={**__import__("os").environ,
@@ -316,6 +377,28 @@ def test_reply_parsing_unit():
     assert "".join(c for _, c in out) == "Hi "
     v.finish()
     assert v.tool_calls[0]["function"]["name"] == "f"
+    v = ReplyView(tools=False)  # tool_choice "none": a call's text stays text
+    v.push('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    assert v.finish()[1] == "" and v.content.startswith("<tool_call>") and not v.tool_calls
     v = ReplyView()
     deltas = [v.push(d) for d in ("<th", "ink>plan", "</thi", "nk>answer")]
     assert "".join(r for r, _ in deltas) == "plan" and "".join(c for _, c in deltas) == "answer"
+
+
+def test_forced_call_text_unit():
+    from rapidmoe.app.serve.constrain import DEEPSEEK_V3, HERMES, CallText, JsonObject, call_format
+
+    def accepts(text):
+        j = JsonObject()
+        return all(j.feed(ch) for ch in text) and j.done
+
+    assert accepts('{"a": [1, -2.5e-3, true, null, {"b": "x\\u00e9\\n"}]}') and accepts("{}")
+    for bad in ('{"a": 01}', '{"a":  1}', "[1]", '{"a": 1}}', '{"a": tru}', '{"a": "\n"}'):
+        assert not accepts(bad), bad
+    t = CallText(HERMES.mid, names=["get", "get_weather"])
+    assert t.feed('get_weather", "arguments": {"city": "Paris"}') and t.done
+    assert (t.name, t.args_text) == ("get_weather", '{"city": "Paris"}')
+    assert not CallText(HERMES.mid, names=["get"]).feed("got")
+    assert call_format("{{ '<tool_call>' }}") is HERMES
+    assert call_format("'<｜tool▁call▁begin｜>' + t.type + '<｜tool▁sep｜>' + '```json'") is DEEPSEEK_V3
+    assert call_format("{{ messages }}") is None

@@ -25,7 +25,7 @@ class GenRequest:
     messages: list[dict] = field(default_factory=list)
     prompt: str = ""
     tools: list[dict] | None = None
-    tool_choice: Any = None
+    tool_choice: str = "auto"  # "auto" | "required" | "function" (the one tool in `tools`)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: str | None = None  # "split" | "inline" | None: the server's setting
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams overrides
@@ -191,24 +191,33 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _tools(body: dict) -> tuple[list[dict] | None, Any]:
+def _tools(body: dict) -> tuple[list[dict] | None, str]:
+    """-> (the tools the template is given, "auto" | "required" | "function"); with a named
+    function ("function") the list holds that tool alone."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None or tools == []:
-        return None, None
-    if not isinstance(tools, list):
+    if tools is not None and not isinstance(tools, list):
         raise bad("'tools' must be a list", "tools")
-    for t in tools:
+    for t in tools or []:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
             raise bad("each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools")
-    if choice is not None and choice not in ("none", "auto", "required") and not (
-            isinstance(choice, dict) and isinstance(choice.get("function"), dict)
-            and isinstance(choice["function"].get("name"), str)):
-        raise bad("'tool_choice' must be none, auto, required or {\"type\": \"function\", ...}", "tool_choice")
-    if choice == "none":
-        return None, None
-    return tools, choice
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
+        choice.get("function"), dict) and isinstance(choice["function"].get("name"), str)
+    if choice is not None and choice not in ("none", "auto", "required") and not named:
+        raise bad("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
+                  "{\"name\": ...}}", "tool_choice")
+    if (named or choice == "required") and not tools:
+        raise bad("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice")
+    if not tools or choice == "none":
+        return None, "auto"
+    if named:
+        name = choice["function"]["name"]
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        if not chosen:
+            raise bad(f"'tool_choice' names {name[:64]!r}, which is not among 'tools'", "tool_choice")
+        return chosen[:1], "function"
+    return tools, choice or "auto"
 
 
 def _template_kwargs(body: dict) -> dict:

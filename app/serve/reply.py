@@ -25,7 +25,7 @@ def template_opens_think(prompt_text: str) -> bool:
     return prompt_text.rstrip().endswith(OPEN)
 
 
-def _call(name: str, args) -> dict | None:
+def make_call(name: str, args) -> dict | None:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -46,7 +46,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
             obj = json.loads(m.group(1))
         except json.JSONDecodeError:
             return m.group(0)
-        c = _call(obj.get("name"), obj.get("arguments", obj.get("parameters", {}))) if isinstance(obj, dict) else None
+        c = make_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {}))) if isinstance(obj, dict) else None
         if c is None:
             return m.group(0)
         calls.append(c)
@@ -55,7 +55,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
     def deepseek(block: re.Match) -> str:
         found = []
         for m in _DS_CALL.finditer(block.group(0)):
-            c = _call(m.group("n1") or m.group("n2"), m.group("a1") if m.group("n1") else m.group("a2"))
+            c = make_call(m.group("n1") or m.group("n2"), m.group("a1") if m.group("n1") else m.group("a2"))
             if c is None:
                 return block.group(0)
             found.append(c)
@@ -132,4 +132,24 @@ class ReplyView:
         return self.sent_content
 
 
-__all__ = ["CLOSE", "OPEN", "ReplyView", "parse_tool_calls", "template_opens_think"]
+class ForcedCall:
+    """ReplyView's part for a reply held to one tool call (constrain.py): no text
+    streams; at the end the call, when the constraint saw it complete."""
+
+    reasoning = content = ""
+
+    def __init__(self, constraint):
+        self.constraint = constraint
+        self.tool_calls: list[dict] = []
+
+    def push(self, delta: str) -> tuple[str, str]:
+        return "", ""
+
+    def finish(self) -> tuple[str, str]:
+        got = self.constraint.result()
+        call = make_call(*got) if got else None
+        self.tool_calls = [call] if call else []
+        return "", ""
+
+
+__all__ = ["CLOSE", "OPEN", "ForcedCall", "ReplyView", "make_call", "parse_tool_calls", "template_opens_think"]

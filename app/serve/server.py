@@ -22,7 +22,7 @@ from starlette.routing import Route
 from ...engine.events import TextDelta
 from .errors import ApiError
 from .protocol import GenRequest, parse_chat, parse_completion, parse_json
-from .reply import ReplyView
+from .reply import ForcedCall, ReplyView
 from .shapes import FINISH, Shaper, rapidmoe, timings, usage
 from .worker import Done, Job, Worker
 
@@ -100,14 +100,15 @@ class Api:
         job = self.worker.submit(prep, asyncio.get_running_loop())
         shaper = Shaper(req.kind, self.model_name)
         split = req.kind == "chat" and (req.reasoning or self.reasoning) == "split"
-        view = ReplyView(opened=prep.opened_think and req.kind == "chat", split=split, tools=bool(req.tools))
+        view = ForcedCall(prep.call) if prep.call else ReplyView(opened=prep.opened_think and req.kind == "chat",
+                                                                  split=split, tools=bool(req.tools))
         if req.stream:
             async def gone(_message) -> None:  # also when the stream had not begun yet
                 job.cancel.set()
 
             return EventSourceResponse(self._stream(job, shaper, view, req), sep="\n", ping=10,
                                        client_close_handler_callable=gone)
-        return await self._whole(request, job, shaper, view)
+        return await self._whole(request, job, shaper, view, req)
 
     # -- running a job --
     async def _events(self, job: Job):
@@ -146,10 +147,10 @@ class Api:
                     out = delta(*view.finish())
                     if out:
                         yield out
+                    finish = _finish(view, req, item)
                     if view.tool_calls:
                         calls = [{"index": i, **c} for i, c in enumerate(view.tool_calls)]
                         yield json.dumps(shaper.chunk({"tool_calls": calls}))
-                    finish = "tool_calls" if view.tool_calls else FINISH[item.finished.finish_reason]
                     yield json.dumps({**shaper.chunk(finish=finish), **self._extra(item)})
                     if req.include_usage:
                         yield json.dumps({**shaper.usage_chunk(usage(item.finished, item.prompt_len)),
@@ -160,7 +161,8 @@ class Api:
         finally:
             job.cancel.set()  # a client that left stops the engine at its next step
 
-    async def _whole(self, request: Request, job: Job, shaper: Shaper, view: ReplyView) -> Response:
+    async def _whole(self, request: Request, job: Job, shaper: Shaper, view: ReplyView,
+                     req: GenRequest) -> Response:
         async def watch():
             while (await request.receive())["type"] != "http.disconnect":
                 pass
@@ -172,13 +174,27 @@ class Api:
                 if isinstance(item, Done):  # a whole-reply job sends only its end
                     view.push(item.finished.text)
                     view.finish()
-                    finish = "tool_calls" if view.tool_calls else FINISH[item.finished.finish_reason]
+                    finish = _finish(view, req, item)
                     return JSONResponse(shaper.whole(view.content, finish, usage(item.finished, item.prompt_len),
                                                      self._extra(item), view.reasoning, view.tool_calls))
             return Response(status_code=204)  # the client left before its turn
         finally:
             watcher.cancel()
             job.cancel.set()
+
+
+def _finish(view, req: GenRequest, done: Done) -> str:
+    """The finish_reason; a forced tool call the reply did not complete is an error, not a reply."""
+    if view.tool_calls:
+        return "tool_calls"
+    reason = done.finished.finish_reason
+    if req.tool_choice != "auto":
+        asked = "required" if req.tool_choice == "required" else f"names {req.tools[0]['function']['name']!r}"
+        raise ApiError(400, f"tool_choice {asked}, but the reply ended ({FINISH[reason]}, "
+                            f"{done.finished.completion_tokens} tokens) before its tool call was complete"
+                       + ("; raise max_tokens" if reason in ("length", "context") else ""),
+                       "tool_call_incomplete", "max_tokens")
+    return FINISH[reason]
 
 
 def build_app(api: Api) -> Starlette:

@@ -17,33 +17,43 @@ import numpy as np
 from ...engine.errors import UserError
 from ...engine.events import Finished
 from ...engine.generate import ChatSession, Session
+from .constrain import CallConstraint, CallText, call_format
 from .errors import ApiError, bad
 from .protocol import GenRequest, check_limit
-from .reply import template_opens_think
+from .reply import CLOSE, template_opens_think
 
 
 class TracingSession(Session):
-    """A Session that adds up each decode step's critical-set sizes per MoE layer."""
+    """A Session that adds up each decode step's critical-set sizes per MoE layer, and
+    masks each step's logits with `constraint` (a forced tool call) when one is set."""
 
-    def begin(self) -> None:
+    constraint: CallConstraint | None = None
+
+    def begin(self, constraint: CallConstraint | None = None) -> None:
         self.r_sum: dict[int, float] = {}
         self.r_steps = 0
+        self.constraint = constraint
+
+    def _masked(self, logits):
+        return self.constraint.mask(logits) if self.constraint is not None and logits is not None else logits
 
     def _prefill(self, new: list[int], cancel):
         """The prompt's last token always runs alone: whether the rest came from the
         cache or not, it sees the same computation, so a seed gives the same reply."""
         if len(new) > 1 and (super()._prefill(new[:-1], cancel) is None or (cancel and cancel.is_set())):
             return None
-        return super()._prefill(new[-1:], cancel)
+        return self._masked(super()._prefill(new[-1:], cancel))
 
     def _feed(self, token: int):
+        if self.constraint is not None:
+            self.constraint.advance(token)
         logits = super()._feed(token)
         tr = self.last_trace
         if tr is not None and tr.r:
             self.r_steps += 1
             for layer, r in tr.r.items():
                 self.r_sum[layer] = self.r_sum.get(layer, 0.0) + float(np.mean(r))
-        return logits
+        return self._masked(logits)
 
     def critical_stats(self) -> dict[str, Any]:
         if not self.r_steps:
@@ -59,6 +69,7 @@ class Prepared:
     ids: list[int]
     params: Any  # SamplingParams
     opened_think: bool = False
+    call: CallConstraint | None = None  # tool_choice required or named: the reply is this call
 
 
 @dataclass
@@ -151,7 +162,7 @@ class Worker:
             self.log(f"{p.req.kind}: the client left before its turn: skipped")
             job.put(None)
             return
-        self.session.begin()
+        self.session.begin(p.call)
         try:
             final = None
             for ev in self.session.generate(p.ids, p.params, job.cancel):
@@ -176,15 +187,32 @@ class Worker:
     def prepare(self, req: GenRequest) -> Prepared:
         """Render and tokenize (no model state is touched: safe beside a running job)."""
         params = self.params.with_overrides(**req.sampling)
-        opened = False
+        opened, call = False, None
         if req.kind == "completion":
             ids = self.model.tokenizer.encode(req.prompt, add_special=True, parse_special=False)
         else:
             text = self._render(req)
             opened = template_opens_think(text)
+            if req.tool_choice != "auto":
+                text, call = self._force_call(req, text, opened)
+                opened = False
+                params = params.with_overrides(stop=())  # the reply is a call: stop strings are for text
             ids = self.chat.encode_prompt(text)
         check_limit(len(ids), self.n_ctx)
-        return Prepared(req, ids, params, opened)
+        return Prepared(req, ids, params, opened, call)
+
+    def _force_call(self, req: GenRequest, text: str, opened: bool) -> tuple[str, CallConstraint]:
+        """The prompt ends with the template's tool-call opener (and the named function's
+        name); the constraint keeps the reply a call (app/serve/constrain.py)."""
+        fmt = call_format(self.template or self.model.metadata.get("tokenizer.chat_template") or "")
+        if fmt is None:
+            raise bad(f"tool_choice {req.tool_choice!r} needs a chat template that writes Hermes <tool_call> "
+                      "or DeepSeek tool calls; this one writes neither", "tool_choice", "tool_choice_unsupported")
+        names = [t["function"]["name"] for t in req.tools]
+        text += (f"\n{CLOSE}\n\n" if opened else "") + fmt.opener
+        if req.tool_choice == "function":
+            return text + names[0] + fmt.mid, CallConstraint(self.model.tokenizer, CallText(fmt.mid, name=names[0]))
+        return text, CallConstraint(self.model.tokenizer, CallText(fmt.mid, names=names))
 
     def _render(self, req: GenRequest) -> str:
         template = self.template or self.model.metadata.get("tokenizer.chat_template") or ""
