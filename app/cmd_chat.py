@@ -128,9 +128,6 @@ def run(args) -> int:
     if prompt is None and not sys.stdin.isatty():
         prompt = "-"
     if prompt is None:
-        if getattr(args, "endpoint", None):
-            raise UserError("--endpoint is for -p; for the TUI, name the server in config.toml "
-                            "([providers.NAME] with base_url) and use -m NAME")
         from .tui.app import run_tui
 
         return run_tui(args)

@@ -99,3 +99,70 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class StandIn:
+    """A real local HTTP server that speaks the OpenAI API as another engine would (not
+    our `serve`): /v1/models lists `models` (once `release` is set: a slow provider),
+    chat completions stream `reply` word by word, then usage, and `rapidmoe` when given
+    (what our serve adds). With `key`, a request without `Authorization: Bearer KEY` is a 401."""
+
+    def __init__(self, models=("m",), reply="Hello from the stand-in.", key=None, rapidmoe=None, slow=False):
+        import http.server
+
+        outer = self
+        self.requests: list[dict] = []
+        self.asked = threading.Event()  # /v1/models was asked
+        self.release = threading.Event()
+        if not slow:
+            self.release.set()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status, body: bytes, kind="application/json"):
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self) -> bool:
+                if key and self.headers.get("Authorization") != f"Bearer {key}":
+                    self._send(401, b'{"error": {"message": "bad key", "type": "authentication_error"}}')
+                    return False
+                return True
+
+            def do_GET(self):
+                outer.asked.set()
+                outer.release.wait(60)
+                if self._authorized():
+                    data = [{"id": m, "object": "model", "context_length": 2048} for m in models]
+                    self._send(200, json.dumps({"object": "list", "data": data}).encode())
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not self._authorized():
+                    return
+                outer.requests.append(body)
+                words = reply.split(" ")
+                chunks = [{"choices": [{"index": 0, "delta": {"content": w if i == 0 else " " + w}}]}
+                          for i, w in enumerate(words)]
+                chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                               **({"rapidmoe": rapidmoe} if rapidmoe else {})})
+                chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": len(words)}})
+                self._send(200, "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode()
+                           + b"data: [DONE]\n\n", "text/event-stream")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -126,8 +126,9 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
             assert f"served by {srv.base_url}" in scr.loaded_text()
             await pilot.press("ctrl+l")
             await wait_for(pilot, lambda: app.screen is not scr)
-            ids = [o.id for o in app.screen.query_one(OptionList)._options]
-            assert "local:demo" in ids and "demo" in ids
+            ids = lambda: [o.id for o in app.screen.query_one(OptionList).options]  # noqa: E731
+            await wait_for(pilot, lambda: "local:demo" in ids())  # asked in the background
+            assert "demo" in ids()
             await pilot.press("escape")
 
     asyncio.run(main())

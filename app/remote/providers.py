@@ -6,7 +6,7 @@
     model = "deepseek-ai/DeepSeek-R1"  # optional default
 
 `-m NAME:MODEL` (or NAME alone, with its default model) names one; `--endpoint
-URL` needs no config. Keys are never written anywhere."""
+URL` (MODEL@URL as one spec) needs no config. Keys are never written anywhere."""
 from __future__ import annotations
 
 import os
@@ -31,7 +31,7 @@ def _key(name: str, env_var: str | None, env: Mapping[str, str]) -> str | None:
         return None
 
 
-def _table(path: Path | None = None) -> dict[str, dict]:
+def provider_table(path: Path | None = None) -> dict[str, dict]:
     """config.toml's [providers], checked: name -> its keys."""
     from ..config import config_path
 
@@ -57,30 +57,48 @@ def _table(path: Path | None = None) -> dict[str, dict]:
     return table
 
 
-def _endpoint(name: str, p: dict, env: Mapping[str, str]) -> Endpoint:
+def provider_endpoint(name: str, p: dict, env: Mapping[str, str] | None = None) -> Endpoint:
+    """One entry of provider_table() with its key (looked up now: the keyring may be slow)."""
+    env = os.environ if env is None else env
     return Endpoint(p["base_url"], _key(name, p.get("api_key_env"), env), p.get("model"), name)
 
 
 def load_providers(path: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Endpoint]:
     env = os.environ if env is None else env
-    return {name: _endpoint(name, p, env) for name, p in _table(path).items()}
+    return {name: provider_endpoint(name, p, env) for name, p in provider_table(path).items()}
+
+
+def endpoint_spec(model: str | None, url: str) -> str:
+    """`--endpoint URL -m MODEL` as one model spec, MODEL@URL: what the TUI loads, lists and
+    keeps as its last model (the key stays in RAPIDMOE_ENDPOINT_KEY)."""
+    return f"{model or ''}@{url}"
+
+
+def _endpoint_of_spec(spec: str) -> tuple[str | None, str] | None:
+    for scheme in ("@http://", "@https://"):
+        at = spec.find(scheme)
+        if at >= 0:
+            return spec[:at] or None, spec[at + 1:]
+    return None
 
 
 def resolve(spec: str | None, endpoint: str | None = None, providers: dict[str, Endpoint] | None = None,
             env: Mapping[str, str] | None = None) -> Endpoint | None:
-    """`--endpoint URL` (with -m as the model), or `-m NAME[:MODEL]` naming a provider;
-    None: a local model."""
+    """`--endpoint URL` (with -m as the model; no model: the server's own), MODEL@URL, or
+    `-m NAME[:MODEL]` naming a provider; None: a local model."""
     env = os.environ if env is None else env
+    if not endpoint and spec and (at := _endpoint_of_spec(spec)):
+        spec, endpoint = at
     if endpoint:
         return Endpoint(endpoint, env.get("RAPIDMOE_ENDPOINT_KEY") or None, spec or None)
     if not spec:
         return None
     name, _, model = spec.partition(":")
     if providers is None:  # only the named provider's key is looked up (the keyring may be slow)
-        table = _table()
+        table = provider_table()
         if name not in table:
             return None
-        ep = _endpoint(name, table[name], env)
+        ep = provider_endpoint(name, table[name], env)
     elif name in providers:
         ep = providers[name]
     else:

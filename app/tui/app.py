@@ -153,6 +153,13 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
         from ..cmd_plan import plan_request
 
         backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
+    model = getattr(args, "model", None)
+    if getattr(args, "endpoint", None):  # chats go through that server; -m names its model
+        from ..cmd_chat import remote_endpoint
+        from ..remote.providers import endpoint_spec
+
+        remote_endpoint(args)  # what only a local model has is refused in one line
+        model = endpoint_spec(model, args.endpoint)
     chat_id = getattr(args, "chat", None)
     store = ChatStore()
     if not getattr(args, "no_history", False):
@@ -165,6 +172,6 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
     if getattr(args, "no_history", False):  # read what was asked for, write nothing
         store = ChatStore.scratch(store, chat_id=int(chat_id) if chat_id is not None else None)
         chat_id = store.last_chat().id if chat_id is not None else None
-    return ChatApp(backend=backend, store=store, model=getattr(args, "model", None), n_ctx=ctx,
+    return ChatApp(backend=backend, store=store, model=model, n_ctx=ctx,
                    system=getattr(args, "system", None), overrides=overrides,
                    chat_id=int(chat_id) if chat_id is not None else None)

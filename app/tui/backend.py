@@ -7,7 +7,7 @@ A chat object (engine.generate.ChatSession or a stand-in) has `.messages`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -56,7 +56,7 @@ class EngineBackend:
         from ...engine.model import load_model
         from ..remote.providers import resolve
 
-        remote = resolve(spec)  # PROVIDER[:MODEL] of config.toml: chats go to that server
+        remote = resolve(spec)  # PROVIDER[:MODEL] of config.toml, or MODEL@URL: chats go to that server
         if remote is not None:
             return load_remote(spec, remote, progress)
         notes: list[str] = []
@@ -91,6 +91,8 @@ def load_remote(spec: str, ep, progress: Progress) -> LoadedModel:
     where = ep.name or ep.base_url
     progress(f"connect {where}", 0, 1)
     models = list_models(ep)
+    if ep.model is None and models:  # --endpoint without -m: the server's (first) model
+        ep = replace(ep, model=models[0]["id"])
     entry = next((m for m in models if m["id"] == ep.model), None)
     if entry is None and models:
         raise UserError(f"{where} serves {', '.join(m['id'] for m in models[:8])}, not {ep.model}")

@@ -3,6 +3,8 @@ recommended Hub models with whether they fit this machine (from `plan`), or a
 path / `repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
 from __future__ import annotations
 
+from functools import partial
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,6 +12,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
+from textual.worker import get_current_worker
 
 from .status_bar import fmt_bytes
 
@@ -38,27 +41,22 @@ def available_models() -> list[tuple[str, str]]:
     return out
 
 
-def provider_models(timeout: float = 2.0) -> list[tuple[str, str]]:
-    """(PROVIDER:MODEL, label) of what each provider of config.toml serves (its /v1/models);
-    a provider that does not answer is one disabled line, not a picker that will not open."""
+def ask_provider(name: str, entry: dict, timeout: float = 10.0) -> list[tuple[str, str]]:
+    """(PROVIDER:MODEL, label) of what one provider of config.toml serves (its /v1/models);
+    one disabled line saying why when it does not answer. Blocks: the picker runs it in a worker."""
     from ..remote.client import list_models
-    from ..remote.providers import load_providers
+    from ..remote.providers import provider_endpoint
 
-    out = []
     try:
-        providers = load_providers()
-    except Exception as e:  # noqa: BLE001 - a bad [providers] block says so when one is loaded
-        return [("", f"(providers unreadable: {e})")]
-    for name, ep in providers.items():
-        try:
-            models = list_models(ep, timeout=timeout)
-        except Exception as e:  # noqa: BLE001
-            out.append(("", f"{name} · {ep.base_url} · {' '.join(str(e).split())[:80]}"))
-            continue
-        for m in models:
-            ctx = m.get("context_length") or m.get("max_model_len")
-            out.append((f"{name}:{m['id']}", f"{name}:{m['id']} · {ep.base_url}{f' · {ctx} ctx' if ctx else ''}"))
-    return out
+        ep = provider_endpoint(name, entry)
+        models = list_models(ep, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - whatever went wrong is one line in the list
+        return [("", f"{name} · {entry['base_url']} · {' '.join(str(e).split())[:80]}")]
+    out = []
+    for m in models:
+        ctx = m.get("context_length") or m.get("max_model_len")
+        out.append((f"{name}:{m['id']}", f"{name}:{m['id']} · {ep.base_url}{f' · {ctx} ctx' if ctx else ''}"))
+    return out or [("", f"{name} · {ep.base_url} · serves no models")]
 
 
 def _first_use(path) -> str:
@@ -98,40 +96,71 @@ def recommended_models(hw=None) -> list[tuple[str, str]]:
 
 
 class ModelPicker(ModalScreen[str | None]):
+    """Opens at once: each provider of config.toml is asked for its models in a worker
+    of its own, and its lines replace its "asking…" line as they arrive."""
+
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
 
     def __init__(self, current: str | None = None):
         super().__init__()
         self.current = current
+        self._providers: dict[str, dict] = {}
+        self._remote: dict[str, list[tuple[str, str]]] = {}  # provider -> its lines, as they arrive
+
+    def _option(self, spec: str, label: str) -> Option:
+        mark = "● " if spec and spec == self.current else "  "
+        return Option(mark + label, id=spec or None, disabled=not spec)
+
+    def _options(self) -> list[Option]:
+        opts = [self._option(spec, label) for spec, label in self._local]
+        if self._remote:
+            opts.append(Option("Providers (config.toml)", disabled=True))
+            opts += [self._option(spec, label) for lines in self._remote.values() for spec, label in lines]
+        if self._recommended:
+            opts.append(Option("Recommended from the Hugging Face Hub", disabled=True))
+            opts += [Option("  " + label, id=spec or None, disabled=not spec) for spec, label in self._recommended]
+        return opts
 
     def compose(self) -> ComposeResult:
+        from ..remote.providers import provider_table
+
+        self._local = available_models()
+        try:
+            self._providers = provider_table()
+        except Exception as e:  # noqa: BLE001 - a bad [providers] block says so when one is loaded
+            self._remote["?"] = [("", f"(providers unreadable: {' '.join(str(e).split())})")]
+        for name, entry in self._providers.items():
+            self._remote[name] = [("", f"{name} · {entry['base_url']} · asking…")]
+        try:
+            self._recommended = recommended_models()
+        except Exception as e:  # hardware detection must not keep the picker from opening
+            self._recommended = [("", f"(recommendations unavailable: {type(e).__name__})")]
         with Vertical(id="picker", classes="dialog"):
             yield Static("Models", classes="dialog-title")
-            opts = []
-            for spec, label in available_models():
-                mark = "● " if spec == self.current else "  "
-                opts.append(Option(mark + label, id=spec or None, disabled=not spec))
-            remote = provider_models()
-            if remote:
-                opts.append(Option("Providers (config.toml)", disabled=True))
-                for spec, label in remote:
-                    mark = "● " if spec and spec == self.current else "  "
-                    opts.append(Option(mark + label, id=spec or None, disabled=not spec))
-            try:
-                rec = recommended_models()
-            except Exception as e:  # hardware detection must not keep the picker from opening
-                rec = [("", f"(recommendations unavailable: {type(e).__name__})")]
-            if rec:
-                opts.append(Option("Recommended from the Hugging Face Hub", disabled=True))
-                for spec, label in rec:
-                    opts.append(Option("  " + label, id=spec or None, disabled=not spec))
-            yield OptionList(*opts, id="model-list")
+            yield OptionList(*self._options(), id="model-list")
             yield Input(placeholder="a GGUF path, or REPO[:QUANT] to pull from the Hugging Face Hub",
                         id="model-spec")
             yield Static("type a name and Enter, or Tab to the list · Esc closes", classes="dialog-hint")
 
     def on_mount(self) -> None:
         self.query_one("#model-spec", Input).focus()
+        for name, entry in self._providers.items():
+            self.run_worker(partial(self._ask, name, entry), thread=True, group="providers", exit_on_error=False)
+
+    def _ask(self, name: str, entry: dict) -> None:
+        lines = ask_provider(name, entry)
+        if not get_current_worker().is_cancelled:  # the picker may have closed meanwhile
+            self.app.call_from_thread(self._arrived, name, lines)
+
+    def _arrived(self, name: str, lines: list[tuple[str, str]]) -> None:
+        if not self.is_attached:
+            return
+        self._remote[name] = lines
+        ol = self.query_one(OptionList)
+        keep = ol.highlighted_option.id if ol.highlighted_option is not None else None
+        ol.set_options(self._options())
+        if keep is not None:
+            ol.highlighted = ol.get_option_index(keep)
 
     @on(OptionList.OptionSelected)
     def _picked(self, ev: OptionList.OptionSelected) -> None:
