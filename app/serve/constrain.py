@@ -259,9 +259,10 @@ class CallConstraint:
         if self.text.done:
             ok = [self.end_id]
         else:
-            order = torch.argsort(logits, descending=True).tolist()
-            ok = [i for i in order[:TOP] if self._fits(i)]
-            if not ok:
+            top = torch.topk(logits, min(TOP, logits.numel())).indices.tolist()
+            ok = [i for i in top if self._fits(i)]
+            if not ok:  # rare: the whole vocabulary, most likely first, until one fits
+                order = torch.argsort(logits, descending=True).tolist()
                 ok = next(([i] for i in order[TOP:] if self._fits(i)), [self.end_id])
         out = torch.full_like(logits, MASKED)
         idx = torch.tensor(ok, dtype=torch.long)
