@@ -108,6 +108,9 @@ def test_stream_matches_the_whole_reply_and_reports_usage(client):
     assert finish == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # the critical-set sizes a client's status bar shows (tests/test_tui_remote.py), beside the finish
+    (rm,) = [c.model_extra["rapidmoe"] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(rm["critical_per_layer"]) == 30 and rm["decode_steps"] == 7
 
 
 def test_stop_strings_cut_the_reply(client):
