@@ -112,13 +112,14 @@ def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc:
                             int(rope_dim), bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale))
 
 
-def attn_cached(q: np.ndarray, kc: np.ndarray, vc: np.ndarray | None, S: int, n_head: int, scale: float,
+def attn_cached(q: np.ndarray, kc: np.ndarray, vc: np.ndarray | None, pos0: int, n_head: int, scale: float,
                 v_dim: int = 0) -> np.ndarray:
-    """softmax(scale * q.K^T) V of n_head query heads [n_head * dim] over cache positions
-    0..S-1 of kc [n_ctx, groups, dim] and vc [n_ctx, groups, dim_v] (float32, float16 or
-    q8_0 rows, engine/kv_cache.KVRows); vc None: the values are the first v_dim of each
-    key row (MLA's latent) -> [n_head * dim_v]."""
-    return _cpu.attn_cached(_f32(q), kc, vc, int(S), int(n_head), float(scale), int(v_dim))
+    """Causal softmax(scale * q.K^T) V of queries q [T, n_head, dim] at positions pos0..
+    (query t sees positions 0..pos0 + t) over the cache rows kc [n_ctx, groups, dim] and
+    vc [n_ctx, groups, dim_v] (float32, float16 or q8_0 rows, engine/kv_cache.KVRows);
+    vc None: the values are the first v_dim of each key row (MLA's latent) -> flat
+    [T * n_head * dim_v]."""
+    return _cpu.attn_cached(_f32(q).reshape(-1), kc, vc, int(pos0), int(n_head), float(scale), int(v_dim))
 
 
 def kv_store(cache: np.ndarray, pos: int, x: np.ndarray) -> None:

@@ -243,7 +243,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
     (default: available DRAM less the OS reserve); mode / cache_fraction force a
     choice (default: the fastest mode that fits, caching as many experts as fit);
     kv_type: the KV cache's type (engine/kv_cache.py)."""
-    check_kv_type(kv_type)
+    check_kv_type(kv_type, s.kv_row_dims)
     ctx = ctx or min(s.n_ctx_train, 4096)
     if ctx <= 0:
         raise UserError(f"bad context size {ctx}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from .config import ModelConfig, config_from_metadata
 from .errors import ModelFileError
 from .gguf.reader import GGUFFile
-from .kv_types import kv_bytes, kv_values_per_token
+from .kv_types import kv_bytes, kv_row_dims, kv_values_per_token
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
@@ -72,7 +72,8 @@ class ModelSizes:
     tied_head: bool
     f32_bytes: int  # F32 tensors the engine copies out of the mapping (norms, routers)
     nonexpert_types: tuple[tuple[str, int], ...]  # (source type, bytes), largest first
-    kv_values_per_token: int  # cache values per token over all layers (engine/kv_cache.py)
+    kv_values_per_token: int  # cache values per token over all layers (engine/kv_types.py)
+    kv_row_dims: tuple[int, ...]  # the lengths of the cache's rows (q8_0 needs whole blocks)
     source_bytes: int  # the GGUF itself
 
     @property
@@ -149,20 +150,19 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
         expert_layers=tuple(sorted(moe_layers)), wq_bytes=wq, wr_bytes=wr, d4_bytes=d4,
         layer_bytes=tuple(per_layer), embd_bytes=embd, head_bytes=head, tied_head=tied, f32_bytes=f32,
         nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
-        kv_values_per_token=kv_values_per_token(cfg),
+        kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
         source_bytes=g.size_bytes)
 
 
 def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:
     """Peak transient memory of one forward of `chunk` prompt tokens at the end
-    of a full context on the CPU engine (f32), plus the tokenizer: attention
-    scores and softmax of one query chunk [n_head, c, S] (2 copies), the routed
-    experts' per-slot activations [T*k, H] (~3 copies), hidden states, RoPE
-    tables, one layer's cache read back as f32 for the chunk's attention. Checked
-    against the demo's peak RSS (tests/test_plan.py)."""
-    T, S = min(chunk, n_ctx), n_ctx
-    attn = 2 * s.n_head * min(T, attention_chunk(s.n_head, S)) * S * 4
-    attn += S * s.kv_values_per_token // max(1, s.n_layer) * 4
+    of a full context on the CPU engine (f32), plus the tokenizer: the chunk's
+    attention output [T, n_head, head_dim] and each thread's tiles (the kernel
+    never holds a score matrix), the routed experts' per-slot activations [T*k, H]
+    (~3 copies), hidden states, RoPE tables. Checked against the demo's peak RSS
+    (tests/test_plan.py)."""
+    T = min(chunk, n_ctx)
+    attn = T * s.n_head * s.head_dim * 4 + 256 * s.n_head * (s.head_dim + 32) * 4
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
     hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
     rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64

@@ -11,7 +11,7 @@ from importlib import resources
 
 from .config import config_from_metadata
 from .plan import Plan, plan
-from .kv_types import kv_values_per_token
+from .kv_types import kv_row_dims, kv_values_per_token
 from .plan_sizes import ModelSizes, expert_part_bytes
 
 MATRIX_BPW, HEAD_BPW = 4.5, 6.5625
@@ -41,7 +41,7 @@ def _sizes(spec: str, meta: dict) -> ModelSizes:
         head_dim=max(cfg.head_dim, cfg.head_dim_v), expert_layers=tuple(range(cfg.n_layer)), wq_bytes=wq,
         wr_bytes=wr, d4_bytes=d4, layer_bytes=(layer,) * cfg.n_layer, embd_bytes=embd, head_bytes=head,
         tied_head=False, f32_bytes=cfg.n_layer * (H * E * 4 + 2 * H * 4), nonexpert_types=(("Q4_K_M (est.)", layer * cfg.n_layer + embd + head),),
-        kv_values_per_token=kv_values_per_token(cfg),
+        kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
         source_bytes=layer * cfg.n_layer + embd + head + expert_src)
 
 

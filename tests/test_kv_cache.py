@@ -54,21 +54,24 @@ def test_kernel_store_writes_the_same_bytes_as_the_torch_path(kv_type):
     assert torch.equal(a.data, b.data)
 
 
-CASES = [  # n_head, n_kv, hd, hdv, S
-    (4, 2, 32, 32, 1),
-    (6, 3, 64, 96, 37),
-    (8, 1, 32, 64, 300),
-    (5, 5, 128, 128, 700),
-    (32, 4, 128, 128, 2900),  # long enough for key blocks over threads
+CASES = [  # n_head, n_kv, hd, hdv, S, T: T queries ending at position S - 1
+    (4, 2, 32, 32, 1, 1),
+    (6, 3, 64, 96, 37, 1),
+    (8, 1, 32, 64, 300, 1),
+    (5, 5, 128, 128, 700, 1),
+    (32, 4, 128, 128, 2900, 1),  # long enough for key blocks over threads
+    (6, 3, 64, 96, 37, 37),  # a prefill from position 0
+    (8, 2, 32, 64, 300, 45),  # a chunk after earlier ones; query blocks cut mid-tile
+    (32, 4, 128, 128, 1100, 3),  # few queries over a long context: key blocks and query blocks
 ]
 
 
-def _attn_case(kv_type, n_head, n_kv, hd, hdv, S):
+def _attn_case(kv_type, n_head, n_kv, hd, hdv, S, T):
     kc, _ = _rows(kv_type, S + 3, n_kv, hd, S)
     vc, _ = _rows(kv_type, S + 3, n_kv, hdv, S + 1)
-    q = np.random.default_rng(S + 2).standard_normal(n_head * hd).astype(np.float32)
-    want = attend(torch.from_numpy(q).view(1, n_head, hd), kc.read(S), vc.read(S), S - 1, 0.2).numpy().reshape(-1)
-    got = kernels.attn_cached(q, kc.array(), vc.array(), S, n_head, 0.2)
+    q = np.random.default_rng(S + 2).standard_normal((T, n_head, hd)).astype(np.float32)
+    want = attend(torch.from_numpy(q), kc.read(S), vc.read(S), S - T, 0.2).numpy().reshape(-1)
+    got = kernels.attn_cached(q, kc.array(), vc.array(), S - T, n_head, 0.2)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
@@ -79,15 +82,17 @@ def test_attn_cached_matches_attention_over_the_rows_it_holds(kv_type, case):
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
-@pytest.mark.parametrize("S", [1, 33, 3000])
-def test_mla_values_are_the_leading_part_of_the_key_rows(kv_type, S):
+@pytest.mark.parametrize("S,T", [(1, 1), (33, 1), (3000, 1), (70, 70), (200, 9)])
+def test_mla_values_are_the_leading_part_of_the_key_rows(kv_type, S, T):
     nh, kv, rope = 16, 64, 32
     rows, _ = _rows(kv_type, S, 1, kv + rope, S)
-    q = np.random.default_rng(S).standard_normal(nh * (kv + rope)).astype(np.float32)
+    q = np.random.default_rng(S).standard_normal((T, nh, kv + rope)).astype(np.float32)
     keys = rows.read(S)[:, 0]
-    p = torch.softmax(torch.from_numpy(q).view(nh, -1) @ keys.T * 0.1, dim=-1)
+    s = torch.from_numpy(q) @ keys.T * 0.1  # [T, nh, S]
+    hidden = torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None]
+    p = torch.softmax(s.masked_fill(hidden[:, None, :], float("-inf")), dim=-1)
     want = (p @ keys[:, :kv]).numpy().reshape(-1)
-    got = kernels.attn_cached(q, rows.array(), None, S, nh, 0.1, v_dim=kv)
+    got = kernels.attn_cached(q, rows.array(), None, S - T, nh, 0.1, v_dim=kv)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
@@ -95,8 +100,9 @@ def test_attn_cached_scalar_path():
     # the portable loops (no AVX2) against the same references, in a process forced to scalar
     code = ("import sys; sys.path.insert(0, %r); import test_kv_cache as t; "
             "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == 'scalar'; "
-            "[t._attn_case(k, 6, 3, 64, 96, 37) for k in t.KV_TYPES]; t._attn_case('q8_0', 32, 4, 128, 128, 2900); "
-            "t.test_mla_values_are_the_leading_part_of_the_key_rows('f16', 3000); "
+            "[t._attn_case(k, *c) for k in t.KV_TYPES for c in t.CASES[1::2]]; "
+            "t.test_mla_values_are_the_leading_part_of_the_key_rows('q8_0', 3000, 1); "
+            "t.test_mla_values_are_the_leading_part_of_the_key_rows('f16', 200, 9); "
             "[t.test_kernel_store_writes_the_same_bytes_as_the_torch_path(k) for k in t.KV_TYPES]; print('ok')"
             % os.path.dirname(__file__))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA="scalar"),
@@ -108,7 +114,9 @@ def test_attn_cached_refuses_bad_input():
     kc = np.zeros((4, 2, 32), np.float16)
     q = np.zeros(4 * 32, np.float32)
     with pytest.raises(ValueError, match="shapes"):
-        kernels.attn_cached(q, kc, kc, 5, 4, 1.0)  # past the cache
+        kernels.attn_cached(q, kc, kc, 4, 4, 1.0)  # past the cache
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.attn_cached(np.zeros(4 * 32 + 5, np.float32), kc, kc, 0, 4, 1.0)  # not whole queries
     with pytest.raises(ValueError, match="shapes"):
         kernels.attn_cached(q, kc, kc, 2, 3, 1.0)  # heads not a multiple of the groups
     with pytest.raises(ValueError, match="k cache"):
@@ -166,3 +174,50 @@ def test_models_run_each_cache_type_close_to_f32(tmp_path, arch, shape):
         kl = _kl(base, _decode_logits(models[t], tokens))
         assert kl.mean().item() < bound, (t, kl.mean().item())
         assert kl.mean().item() > 0  # the type is really used
+
+
+# ---- the flag: plan, -p, eval, bench ----
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", *args], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ))
+
+
+def test_plan_counts_the_chosen_type_and_refuses_what_the_model_cannot_hold(tmp_path):
+    import json
+
+    from rapidmoe.engine.synth import write_synthetic
+
+    ok = write_synthetic(tmp_path / "ok.gguf", "qwen3moe", seed=3, dtype="f32")  # head_dim 32
+    kv = {}
+    for t in KV_TYPES:
+        r = _cli("plan", "-m", str(ok), "--ctx", "200", "--kv-type", t, "--json")
+        assert r.returncode == 0, r.stderr
+        p = json.loads(r.stdout)
+        assert p["kv_type"] == t
+        kv[t] = next(c["bytes"] for c in p["components"] if c["name"].startswith(f"KV cache ({t}, 200 tokens)"))
+    assert kv["f32"] == 2 * kv["f16"] and kv["q8_0"] == kv["f16"] * 17 // 32
+    odd = write_synthetic(tmp_path / "odd.gguf", "olmoe", seed=3, dtype="f32")  # head_dim 16
+    for cmd in (("plan",), ("-p", "hi", "--max-tokens", "2")):
+        r = _cli(*cmd, "-m", str(odd), "--kv-type", "q8_0")
+        assert r.returncode == 2 and "multiples of 32" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_reports_the_cache_at_depth():
+    import json
+
+    r = _cli("bench", "-m", "demo", "--critical", "2", "-p", "8", "-n", "4", "-d", "40", "--kv-type", "q8_0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [x["test"] for x in rows] == ["pp8 @ d40", "tg4 @ d40"]
+    assert all(x["kv_type"] == "q8_0" and x["depth"] == 40 for x in rows)
+    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.gguf.reader import GGUFFile
+    from rapidmoe.engine.kv_types import kv_values_per_token
+    from rapidmoe.engine.gguf.validate import check_model
+
+    g = GGUFFile(demo_model_path())
+    per_token = kv_bytes(kv_values_per_token(check_model(g)), "q8_0")
+    g.close()
+    assert rows[0]["kv_bytes"] == (40 + 8 + 4 + 1) * per_token

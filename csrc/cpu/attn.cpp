@@ -133,70 +133,128 @@ void kv_store(const KvRows& c, size_t pos, size_t n_heads, const float* x) {
   }
 }
 
-void attn_cached(const float* q, size_t n_head, size_t n_groups, const KvRows& K, const KvRows& V, size_t S,
-                 float scale, float* out) {
-  const size_t rep = n_head / n_groups, hd = K.dim, hdv = V.dim;
-  // V read from the rows already converted for K (MLA: the values are the first V.dim of the key rows)
-  const bool shared = V.base == K.base && V.type == K.type && V.pos_stride == K.pos_stride &&
-                      V.head_stride == K.head_stride && V.dim <= K.dim;
+namespace {
+
+// The work of one task of attn_cached: query rows (t, h) of queries t0..t0+tn-1 and the heads
+// of group g, over keys [j0, j1) (each row's own causal end within it). m, l: each row's running
+// maximum and sum; o[r]: its output (unnormalized, accumulated in place).
+struct AttnTask {
+  const float* q;
+  size_t n_head, rep, pos0;
+  const KvRows *K, *V;
+  bool shared;  // V is the leading part of the K rows: read from the K tile
+  float scale;
+};
+
+void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size_t j1, float* m, float* l,
+              float* const* o, std::vector<float>& qb, std::vector<float>& kt, std::vector<float>& vt,
+              std::vector<float>& s) {
   static const bool avx2 = active_isa() != Isa::Scalar;
-  const size_t T = (size_t)num_threads();
-  // Key blocks: every thread busy once the context is long (a group's heads stay together).
-  const bool worth = S * n_head * (hd + hdv) >= (size_t(1) << 17);
-  size_t nb = worth ? std::min((S + 127) / 128, (2 * T + n_groups - 1) / n_groups) : 1;
-  nb = std::max<size_t>(nb, 1);
+  const size_t rep = A.rep, hd = A.K->dim, hdv = A.V->dim, rows = tn * rep;
+  for (size_t t = 0; t < tn; ++t)  // rows t * rep + h, contiguous for the score kernel
+    std::memcpy(qb.data() + t * rep * hd, A.q + ((t0 + t) * A.n_head + g * rep) * hd, rep * hd * sizeof(float));
+  std::fill(m, m + rows, -INFINITY);
+  std::fill(l, l + rows, 0.f);
+  const size_t end = std::min(j1, A.pos0 + t0 + tn);  // the last query's causal end
+  for (size_t j = j0; j < end; j += kTile) {
+    const size_t n = std::min(kTile, end - j);
+    // rows whose query sees none of this tile come first (earlier queries): skip them
+    const size_t t_first = j > A.pos0 + t0 ? j - A.pos0 - t0 : 0, r0 = t_first * rep;
+    (avx2 ? kv_rows_f32_avx2 : rows_f32)(*A.K, g, j, n, kt.data());
+    (avx2 ? kv_scores_avx2 : scores)(qb.data() + r0 * hd, rows - r0, hd, kt.data(), n, hd, A.scale, s.data() + r0 * kTile,
+                                     kTile);
+    const float* vrows = kt.data();
+    if (!A.shared) {
+      (avx2 ? kv_rows_f32_avx2 : rows_f32)(*A.V, g, j, n, vt.data());
+      vrows = vt.data();
+    }
+    for (size_t r = r0; r < rows; ++r) {
+      const size_t lim = A.pos0 + t0 + r / rep + 1, cnt = std::min(n, lim - j);  // keys of the tile this row sees
+      float* sr = s.data() + r * kTile;
+      const float mt = *std::max_element(sr, sr + cnt), mn = std::max(m[r], mt);
+      if (mn == -INFINITY) continue;  // nothing finite seen yet
+      const float c = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mn);
+      l[r] = l[r] * c + (avx2 ? kv_exp_avx2 : exp_sub)(sr, cnt, mn);
+      m[r] = mn;
+      (avx2 ? kv_accum_avx2 : accum)(sr, vrows, A.shared ? hd : hdv, cnt, hdv, c, o[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, const KvRows& K, const KvRows& V,
+                 size_t pos0, float scale, float* out) {
+  const size_t rep = n_head / n_groups, hd = K.dim, hdv = V.dim, S = pos0 + n_q;
+  const AttnTask A{q, n_head, rep, pos0, &K, &V,
+                   V.base == K.base && V.type == K.type && V.pos_stride == K.pos_stride &&
+                       V.head_stride == K.head_stride && V.dim <= K.dim,
+                   scale};
+  // Tasks: (group, block of queries, block of keys). Query blocks of ~128 rows share each
+  // K/V tile; keys are split only when there are too few query blocks to busy every thread.
+  const size_t QB = std::max<size_t>(1, std::min(n_q, 128 / std::max<size_t>(rep, 1)));
+  const size_t nqb = (n_q + QB - 1) / QB, T = (size_t)num_threads();
+  const bool worth = S * n_q * n_head * (hd + hdv) >= (size_t(1) << 17);
+  size_t nb = 1;
+  if (worth && n_groups * nqb < 2 * T)
+    nb = std::max<size_t>(1, std::min((S + 127) / 128, (2 * T + n_groups * nqb - 1) / (n_groups * nqb)));
   const size_t blk = (S + nb - 1) / nb;
   nb = (S + blk - 1) / blk;
-  const size_t per = rep * (2 + hdv);  // a task's running max, sum and output of each head
-  std::vector<float> part(n_groups * nb * per);
-  parallel_for(n_groups * nb, [&](size_t t0, size_t t1, int) {
-    std::vector<float> kt(kTile * hd), vt(shared ? 0 : kTile * hdv), s(rep * kTile);
-    for (size_t task = t0; task < t1; ++task) {
-      const size_t g = task / nb, j0 = (task % nb) * blk, j1 = std::min(S, j0 + blk);
-      float* m = part.data() + task * per;
-      float* l = m + rep;
-      float* o = l + rep;
-      std::fill(m, m + rep, -INFINITY);
-      std::fill(l, o + rep * hdv, 0.f);
-      const float* qg = q + g * rep * hd;
-      for (size_t j = j0; j < j1; j += kTile) {
-        const size_t n = std::min(kTile, j1 - j);
-        (avx2 ? kv_rows_f32_avx2 : rows_f32)(K, g, j, n, kt.data());
-        (avx2 ? kv_scores_avx2 : scores)(qg, rep, hd, kt.data(), n, hd, scale, s.data(), kTile);
-        const float* vrows = kt.data();
-        if (!shared) {
-          (avx2 ? kv_rows_f32_avx2 : rows_f32)(V, g, j, n, vt.data());
-          vrows = vt.data();
-        }
-        for (size_t h = 0; h < rep; ++h) {
-          float* sh = s.data() + h * kTile;
-          const float mt = *std::max_element(sh, sh + n), mn = std::max(m[h], mt);
-          if (mn == -INFINITY) continue;  // nothing seen yet
-          const float c = m[h] == -INFINITY ? 0.f : std::exp(m[h] - mn);
-          l[h] = l[h] * c + (avx2 ? kv_exp_avx2 : exp_sub)(sh, n, mn);
-          m[h] = mn;
-          (avx2 ? kv_accum_avx2 : accum)(sh, vrows, shared ? hd : hdv, n, hdv, c, o + h * hdv);
-        }
+  const size_t rows_max = QB * rep;
+  // with key blocks, each keeps its own max, sum and output per row, merged below
+  std::vector<float> part(nb > 1 ? n_groups * nqb * nb * rows_max * (2 + hdv) : 0);
+  const size_t n_tasks = n_groups * nqb * nb;
+  parallel_for(n_tasks, [&](size_t i0, size_t i1, int) {
+    std::vector<float> qb(rows_max * hd), kt(kTile * hd), vt(A.shared ? 0 : kTile * hdv), s(rows_max * kTile);
+    std::vector<float> ml(nb > 1 ? 0 : 2 * rows_max);
+    std::vector<float*> o(rows_max);
+    for (size_t i = i0; i < i1; ++i) {
+      // later query blocks see more keys: alternate ends so contiguous chunks balance
+      const size_t u = i / nb, b = i % nb, g = u % n_groups, w = u / n_groups;
+      const size_t qi = w % 2 == 0 ? w / 2 : nqb - 1 - w / 2;
+      const size_t t0 = qi * QB, tn = std::min(QB, n_q - t0), rows = tn * rep;
+      float *m, *l;
+      if (nb > 1) {
+        m = part.data() + ((g * nqb + qi) * nb + b) * rows_max * (2 + hdv);
+        l = m + rows_max;
+        for (size_t r = 0; r < rows; ++r) o[r] = l + rows_max + r * hdv;
+      } else {
+        m = ml.data();
+        l = m + rows_max;
+        for (size_t r = 0; r < rows; ++r) o[r] = out + ((t0 + r / rep) * n_head + g * rep + r % rep) * hdv;
       }
+      for (size_t r = 0; r < rows; ++r) std::fill(o[r], o[r] + hdv, 0.f);
+      run_rows(A, g, t0, tn, b * blk, std::min(S, (b + 1) * blk), m, l, o.data(), qb, kt, vt, s);
+      if (nb == 1)
+        for (size_t r = 0; r < rows; ++r) {
+          const float inv = 1.0f / l[r];
+          for (size_t d = 0; d < hdv; ++d) o[r][d] *= inv;
+        }
     }
-  }, worth ? 1 : n_groups * nb);
-  // merge each head's blocks
+  }, worth ? 1 : n_tasks);
+  if (nb == 1) return;
   for (size_t g = 0; g < n_groups; ++g)
-    for (size_t h = 0; h < rep; ++h) {
-      float mx = -INFINITY;
-      for (size_t b = 0; b < nb; ++b) mx = std::max(mx, part[(g * nb + b) * per + h]);
-      float den = 0.f;
-      float* oh = out + (g * rep + h) * hdv;
-      std::fill(oh, oh + hdv, 0.f);
-      for (size_t b = 0; b < nb; ++b) {
-        const float* m = part.data() + (g * nb + b) * per;
-        const float w = nb == 1 ? 1.f : std::exp(m[h] - mx);
-        den += w * m[rep + h];
-        const float* ob = m + 2 * rep + h * hdv;
-        for (size_t d = 0; d < hdv; ++d) oh[d] += w * ob[d];
+    for (size_t qi = 0; qi < nqb; ++qi) {
+      const size_t t0 = qi * QB, rows = std::min(QB, n_q - t0) * rep;
+      for (size_t r = 0; r < rows; ++r) {
+        const float* p0 = part.data() + (g * nqb + qi) * nb * rows_max * (2 + hdv);
+        const size_t stride = rows_max * (2 + hdv);
+        float mx = -INFINITY;
+        for (size_t b = 0; b < nb; ++b) mx = std::max(mx, p0[b * stride + r]);
+        float den = 0.f;
+        float* oh = out + ((t0 + r / rep) * n_head + g * rep + r % rep) * hdv;
+        std::fill(oh, oh + hdv, 0.f);
+        for (size_t b = 0; b < nb; ++b) {
+          const float* pb = p0 + b * stride;
+          if (pb[r] == -INFINITY) continue;  // a key block past this query's end
+          const float w = std::exp(pb[r] - mx);
+          den += w * pb[rows_max + r];
+          const float* ob = pb + 2 * rows_max + r * hdv;
+          for (size_t d = 0; d < hdv; ++d) oh[d] += w * ob[d];
+        }
+        const float inv = 1.0f / den;
+        for (size_t d = 0; d < hdv; ++d) oh[d] *= inv;
       }
-      const float r = 1.0f / den;
-      for (size_t d = 0; d < hdv; ++d) oh[d] *= r;
     }
 }
 
@@ -213,7 +271,7 @@ void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, const 
   }
   kv_store(kc, pos, nkv, k);
   kv_store(vc, pos, nkv, v);
-  attn_cached(q, a.n_head, nkv, kc, vc, pos + 1, a.scale, out);
+  attn_cached(q, 1, a.n_head, nkv, kc, vc, pos, a.scale, out);
 }
 
 }  // namespace rmoe

@@ -2,12 +2,12 @@
 //
 // attn_decode is one decode step of standard GQA attention after the q/k/v
 // projections: optional per-head RMS norms of q and k, RoPE, the new K/V stored
-// into the cache, then attn_cached. attn_cached is softmax(scale * q.K^T) V for
-// every query head over positions 0..S-1, in the flash-decoding order: the keys
-// are cut into blocks that threads take with the heads of one KV group (each K/V
-// row is read once for all the query heads sharing it), each block keeps its own
-// running maximum, sum and output, and the blocks are merged at the end. No score
-// row of the whole context is ever held. The math follows the torch path in
+// into the cache, then attn_cached. attn_cached is causal softmax(scale * q.K^T) V
+// for a run of queries (a prefill chunk, or one decode token) in the flash order:
+// threads take a KV group with a block of queries (each K/V tile is converted once
+// for every query row that shares it) and, when there are too few such blocks,
+// a block of keys too; each keeps a running maximum, sum and output per row, and
+// key blocks are merged at the end. No score matrix beyond one tile is ever held. The math follows the torch path in
 // engine/models/common.py (llama.cpp's order); rounding differs only in the order
 // of the sums.
 #pragma once
@@ -33,9 +33,10 @@ size_t kv_row_bytes(KvType t, size_t dim);  // bytes of one head's row of dim va
 // even; q8_0: d = max|x| / 127 over each 32 values, q = round(x / d), ties to even).
 void kv_store(const KvRows& c, size_t pos, size_t n_heads, const float* x);
 
-// q [n_head * K.dim] (head h reads group h / (n_head / n_groups)); out [n_head * V.dim].
-void attn_cached(const float* q, size_t n_head, size_t n_groups, const KvRows& K, const KvRows& V, size_t S,
-                 float scale, float* out);
+// q [n_q, n_head, K.dim]: query t at position pos0 + t sees positions 0..pos0 + t (causal;
+// head h reads group h / (n_head / n_groups)); out [n_q, n_head, V.dim].
+void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, const KvRows& K, const KvRows& V,
+                 size_t pos0, float scale, float* out);
 
 struct AttnDecode {
   size_t n_head, n_head_kv, head_dim, head_dim_v;

@@ -322,7 +322,7 @@ void def_attn(py::module_& m) {
     rmoe::kv_store(c, pos, heads, x.data());
   }, py::arg("cache"), py::arg("pos"), py::arg("x"), "x [heads * dim] into the cache rows at pos, in the cache's type");
 
-  m.def("attn_cached", [](const F32Array& q, const py::array& kc, const py::object& vc, size_t S, size_t n_head,
+  m.def("attn_cached", [](const F32Array& q, const py::array& kc, const py::object& vc, size_t pos0, size_t n_head,
                           float scale, size_t v_dim) {
     const rmoe::KvRows K = kv_rows(kc, "k cache");
     rmoe::KvRows V = K;  // None: the values are the first v_dim of the key rows (MLA's latent)
@@ -330,22 +330,24 @@ void def_attn(py::module_& m) {
     if (vc.is_none() && (v_dim == 0 || v_dim > K.dim || (K.type == rmoe::KvType::Q8_0 && v_dim % 32)))
       throw py::value_error("attention: v_dim must be within the key rows");
     if (vc.is_none()) V.dim = v_dim;
-    const size_t G = (size_t)kc.shape(1);
-    if (n_head == 0 || n_head % G || (!vc.is_none() && (size_t)vc.cast<py::array>().shape(1) != G) || S == 0 ||
-        S > (size_t)kc.shape(0) || (!vc.is_none() && S > (size_t)vc.cast<py::array>().shape(0)) ||
-        (size_t)q.size() != n_head * K.dim)
+    const size_t G = (size_t)kc.shape(1), per = n_head * K.dim;
+    const size_t n_q = per ? (size_t)q.size() / per : 0, S = pos0 + n_q;
+    if (n_head == 0 || n_head % G || (!vc.is_none() && (size_t)vc.cast<py::array>().shape(1) != G) || n_q == 0 ||
+        n_q * per != (size_t)q.size() || S > (size_t)kc.shape(0) ||
+        (!vc.is_none() && S > (size_t)vc.cast<py::array>().shape(0)))
       throw py::value_error("attention: shapes do not agree");
-    F32Array out((py::ssize_t)(n_head * V.dim));
+    F32Array out((py::ssize_t)(n_q * n_head * V.dim));
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release nogil;
-      rmoe::attn_cached(qp, n_head, G, K, V, S, scale, op);
+      rmoe::attn_cached(qp, n_q, n_head, G, K, V, pos0, scale, op);
     }
     return out;
-  }, py::arg("q"), py::arg("kc"), py::arg("vc"), py::arg("S"), py::arg("n_head"), py::arg("scale"), py::arg("v_dim") = 0,
-     "softmax(scale q.K^T) V of n_head query heads over cache positions 0..S-1 (vc None: V is the first v_dim of "
-     "each key row) -> [n_head * v_dim]");
+  }, py::arg("q"), py::arg("kc"), py::arg("vc"), py::arg("pos0"), py::arg("n_head"), py::arg("scale"),
+     py::arg("v_dim") = 0,
+     "causal softmax(scale q.K^T) V of queries q [T, n_head, dim] at positions pos0.. over the cache rows (vc None: V "
+     "is the first v_dim of each key row) -> [T * n_head * v_dim]");
 
   m.def("decode_attn_block", [](const F32Array& x, const F32Array& norm_w, float norm_eps, const py::tuple& wq,
                                 const py::tuple& wk, const py::tuple& wv, const py::tuple& wo, const py::object& bq,

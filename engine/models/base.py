@@ -62,12 +62,11 @@ class Attention:
         kc, vc = cache.k[self.il], cache.v[self.il]
         kc.write(pos0, k)
         vc.write(pos0, v.view(T, cfg.n_head_kv, cfg.head_dim_v))
-        S = pos0 + T
-        if T == 1 and kc.device.type == "cpu":  # decode: the cache read in place, blocks over threads
-            o = torch.from_numpy(kernels.attn_cached(q.reshape(-1).numpy(), kc.array(), vc.array(), S,
-                                                     cfg.n_head, self.scale)).view(1, -1)
+        if kc.device.type == "cpu":  # the cache read in place, in its type, flash-style over threads
+            o = torch.from_numpy(kernels.attn_cached(q.numpy(), kc.array(), vc.array(), pos0, cfg.n_head,
+                                                     self.scale)).view(T, -1)
         else:
-            o = attend(q, kc.read(S), vc.read(S), pos0, self.scale)  # [T, nh*hdv]
+            o = attend(q, kc.read(pos0 + T), vc.read(pos0 + T), pos0, self.scale)  # [T, nh*hdv]
         return linear(o, self.wo)
 
     def fusable(self) -> bool:

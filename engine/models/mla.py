@@ -106,10 +106,10 @@ class MLAttention:
             pos = torch.arange(pos0, S, dtype=torch.float64)
             temp = torch.log(torch.floor(pos / cfg.get("attn_temp_length")) + 1) * cfg.get("attn_temp_scale") + 1
             qcat = qcat * temp.float().to(x.device)[:, None, None]
-        if T == 1 and rows.device.type == "cpu":  # decode: every head over the cached rows in place
-            o_lat = torch.from_numpy(kernels.attn_cached(qcat.reshape(-1).numpy(), rows.array(), None, S, nh,
-                                                         self.scale, v_dim=kv)).view(1, nh, kv)
-            return linear(per_head(self.v_b, o_lat).reshape(1, -1), self.wo)
+        if rows.device.type == "cpu":  # every head over the cached rows in place, flash-style over threads
+            o_lat = torch.from_numpy(kernels.attn_cached(qcat.contiguous().numpy(), rows.array(), None, pos0, nh,
+                                                         self.scale, v_dim=kv)).view(T, nh, kv)
+            return linear(per_head(self.v_b, o_lat).reshape(T, -1), self.wo)
         keys = rows.read(S)[:, 0]  # [S, kv + rope]
         o_lat = torch.empty(T, nh, kv, device=x.device)
         step = max(1, _SCORES_MAX // (nh * S))  # queries per block: bounds the [t, nh, S] scores
