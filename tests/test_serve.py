@@ -355,7 +355,8 @@ def test_a_forced_call_cut_by_max_tokens_is_an_error_not_a_reply(tsrv):
         list(chat(c, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=2, stream=True))
     # "none": no tools rendered, a text reply
     r = chat(c, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=3)
-    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content and not r.choices[0].message.tool_calls
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "length" and msg.content and not msg.tool_calls
 
 
 def test_non_loopback_host_needs_a_key():

@@ -46,7 +46,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
             obj = json.loads(m.group(1))
         except json.JSONDecodeError:
             return m.group(0)
-        c = make_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {}))) if isinstance(obj, dict) else None
+        c = (make_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})))
+             if isinstance(obj, dict) else None)
         if c is None:
             return m.group(0)
         calls.append(c)

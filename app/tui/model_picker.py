@@ -1,6 +1,7 @@
-"""Pick a model: the offline demo, GGUFs already in the Hugging Face cache,
-recommended Hub models with whether they fit this machine (from `plan`), or a
-path / `repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
+"""Pick a model: the offline demo, GGUFs already in the Hugging Face cache, the
+models each provider of config.toml serves (asked in the background), recommended
+Hub models with whether they fit this machine (from `plan`), or a path /
+`repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
 from __future__ import annotations
 
 from functools import partial
