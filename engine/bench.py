@@ -25,10 +25,11 @@ def bench_model_path(progress=None) -> Path:
     """The synthetic qwen3moe with Qwen3-30B-A3B layer shapes (8 layers, 32
     experts, top-8, f16), written once into the cache dir."""
     from .synth import write_synthetic
+    from .synth_arch import BENCH
 
     d = cache_dir() / "bench"
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"bench-qwen3moe-a3b-shapes-s{BENCH_SEED}.f16.gguf"
+    path = d / f"bench-qwen3moe-a3b-shapes-s{BENCH_SEED}-ctx{BENCH['n_ctx']}.f16.gguf"
     with FileLock(str(path) + ".lock"):
         if not path.exists():
             if progress:

@@ -25,9 +25,10 @@ FIXTURES: dict[str, dict] = {
     "olmoe": dict(arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4, head_dim=16,
                   n_ff_exp=32, n_expert=8, n_expert_used=2, rms_eps=1e-5),
 }
-# Qwen3-30B-A3B layer shapes with fewer experts and layers: a realistic workload.
+# Qwen3-30B-A3B layer shapes with fewer experts and layers: a realistic workload (its
+# trained context too, so that long-context decode can be measured).
 BENCH: dict = dict(arch="qwen3moe", n_embd=2048, n_layer=8, n_head=32, n_head_kv=4, head_dim=128,
-                   n_ff_exp=768, n_expert=32, n_expert_used=8, n_ctx=4096, rope_base=1e6,
+                   n_ff_exp=768, n_expert=32, n_expert_used=8, n_ctx=40960, rope_base=1e6,
                    dtype="f16")
 PRESETS: dict[str, dict] = {**FIXTURES, "llama": FIXTURES["llama_moe"], "bench": BENCH}
 ARCHES = ("qwen3moe", "qwen2moe", "llama", "olmoe")
