@@ -34,15 +34,17 @@ def byte_encode(word: str) -> str:
 
 def byte_decode(text: str) -> bytes:
     """Token text -> raw bytes. A character outside the byte alphabet cannot come from
-    a real vocabulary; it is rendered the way llama.cpp renders it."""
+    a real vocabulary; it is rendered the way llama.cpp renders it: the character's
+    UTF-8 in hex (a byte that was not UTF-8 in the file, kept here as a surrogate
+    escape, reads as U+FFFD there), then the whole token's bytes."""
     out = bytearray()
     for ch in text:
         b = CHAR_TO_BYTE.get(ch)
         if b is not None:
             out.append(b)
         else:
-            out += b"[UNK_BYTE_0x" + ch.encode("utf-8", "surrogateescape").hex().encode() + \
-                text.encode("utf-8", "surrogateescape") + b"]"
+            code = "efbfbd" if 0xDC80 <= ord(ch) <= 0xDCFF else ch.encode("utf-8").hex()
+            out += b"[UNK_BYTE_0x" + code.encode() + text.encode("utf-8", "surrogateescape") + b"]"
     return bytes(out)
 
 

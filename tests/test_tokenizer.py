@@ -102,6 +102,17 @@ def test_bpe_round_trip_is_exact():
         assert tok.decode(tok.encode(text, add_special=False)) == text
 
 
+def test_a_piece_outside_the_byte_alphabet_renders_as_llama_cpp_does():
+    from rapidmoe.engine.tokenizer_bpe import byte_decode
+
+    # a byte that was not UTF-8 in the file (kept as a surrogate escape) reads as U+FFFD
+    raw = b"ab\xe9"
+    text = raw.decode("utf-8", "surrogateescape")
+    assert byte_decode(text) == b"ab[UNK_BYTE_0xefbfbd" + raw + b"]"
+    # a real character outside the alphabet shows its own UTF-8
+    assert byte_decode("\u4e2d") == b"[UNK_BYTE_0xe4b8ad\xe4\xb8\xad]"
+
+
 def test_stream_decoder_never_splits_characters():
     _, tok = case("smollm2")
     text = "Emoji 👨‍👩‍👧‍👦 and CJK 东京 and é\u0301 done"
