@@ -406,3 +406,27 @@ def test_forced_call_text_unit():
     assert call_format("{{ '<tool_call>' }}") is HERMES
     assert call_format("'<｜tool▁call▁begin｜>' + t.type + '<｜tool▁sep｜>' + '```json'") is DEEPSEEK_V3
     assert call_format("{{ messages }}") is None
+
+
+def test_forced_call_mask_unit():
+    import torch
+
+    from rapidmoe.app.serve.constrain import HERMES, MASKED, CallConstraint, CallText
+    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.gguf.reader import GGUFFile
+    from rapidmoe.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(GGUFFile(demo_model_path()).metadata)
+    (hello,), (brace,), (end,) = (tok.encode(t, add_special=False) for t in ("Hello", "{", "}"))
+    c = CallConstraint(tok, CallText(HERMES.mid, name="f"))
+    logits = torch.zeros(tok.n_vocab)
+    logits[hello], logits[brace] = 10.0, 5.0
+    out = c.mask(logits)
+    assert int(out.argmax()) == brace and out[hello] == MASKED and bool(torch.isfinite(out).all())
+    assert all(out[i] == MASKED for i in tok.eog_ids)  # no end before the call is whole
+    c.advance(brace)
+    logits[end] = 1.0
+    assert int(c.mask(logits).argmax()) == end and c.result() is None
+    c.advance(end)
+    out = c.mask(logits)
+    assert int(out.argmax()) == c.end_id and int((out > MASKED).sum()) == 1 and c.result() == ("f", "{}")

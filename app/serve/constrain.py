@@ -231,26 +231,28 @@ class CallConstraint:
     def __init__(self, tokenizer, text: CallText):
         self.tok, self.text = tokenizer, text
         self.end_id = tokenizer.eos_id if tokenizer.eos_id in tokenizer.eog_ids else min(tokenizer.eog_ids)
-        self._texts: dict[int, str | None] = {}
+        self._texts: dict[int, tuple[str | None, bool]] = {}
 
-    def _token(self, id: int) -> str | None:
-        t = self._texts.get(id, "")
-        if t == "":
+    def _token(self, id: int) -> tuple[str | None, bool]:
+        """(its text, whether it is a control token); None: never part of a call."""
+        got = self._texts.get(id)
+        if got is None:
             t = None
-            if id not in self.tok.eog_ids and not self.tok.is_control(id):
+            if id not in self.tok.eog_ids:
                 try:
                     t = self.tok.token_bytes(id).decode("utf-8") or None
                 except UnicodeDecodeError:  # a piece of a character: only whole characters are checked
                     pass
-            self._texts[id] = t
-        return t
+            got = self._texts[id] = (t, self.tok.is_control(id))
+        return got
 
     def _fits(self, id: int) -> bool:
-        t = self._token(id)
-        return t is not None and self.text.clone().feed(t)
+        t, control = self._token(id)
+        # a control token (DeepSeek's <｜tool▁sep｜>, say) may spell the format, never the arguments
+        return t is not None and not (control and self.text.heads is None) and self.text.clone().feed(t)
 
     def advance(self, id: int) -> None:
-        t = self._token(id)
+        t, _ = self._token(id)
         if t is not None:
             self.text.feed(t)
 
