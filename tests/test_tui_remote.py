@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import threading
 
 import pytest
 
@@ -152,6 +153,8 @@ def test_the_model_picker_opens_at_once_and_fills_providers_as_they_answer(home)
                 await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker) and slow.asked.is_set())
                 await pilot.press("escape")
                 await wait_for(pilot, lambda: app.screen is scr)
+                # the request still waits on a daemon thread: quitting now would not wait for it
+                assert [t.daemon for t in threading.enumerate() if t.name == "provider-slow"] == [True]
                 slow.release.set()
                 await pilot.pause(0.2)
                 assert app.screen is scr and app.is_running

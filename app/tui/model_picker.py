@@ -4,7 +4,8 @@ Hub models with whether they fit this machine (from `plan`), or a path /
 `repo[:quant]` typed in (a repo is pulled, resumably, when loaded)."""
 from __future__ import annotations
 
-from functools import partial
+import asyncio
+import threading
 
 from textual import on
 from textual.app import ComposeResult
@@ -13,7 +14,6 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
-from textual.worker import get_current_worker
 
 from .status_bar import fmt_bytes
 
@@ -146,16 +146,25 @@ class ModelPicker(ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.query_one("#model-spec", Input).focus()
         for name, entry in self._providers.items():
-            self.run_worker(partial(self._ask, name, entry), thread=True, group="providers", exit_on_error=False)
+            self.run_worker(self._ask(name, entry), group="providers", exit_on_error=False)
 
-    def _ask(self, name: str, entry: dict) -> None:
-        lines = ask_provider(name, entry)
-        if not get_current_worker().is_cancelled:  # the picker may have closed meanwhile
-            self.app.call_from_thread(self._arrived, name, lines)
+    async def _ask(self, name: str, entry: dict) -> None:
+        """The request runs on a daemon thread: a provider that has not answered when the
+        picker closes (the worker is cancelled) or the app quits holds nothing up."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+
+        def ask() -> None:
+            lines = ask_provider(name, entry)
+            try:
+                loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(lines))
+            except RuntimeError:  # the app has ended
+                pass
+
+        threading.Thread(target=ask, name=f"provider-{name}", daemon=True).start()
+        self._arrived(name, await answer)
 
     def _arrived(self, name: str, lines: list[tuple[str, str]]) -> None:
-        if not self.is_attached:
-            return
         self._remote[name] = lines
         ol = self.query_one(OptionList)
         keep = ol.highlighted_option.id if ol.highlighted_option is not None else None
