@@ -105,7 +105,7 @@ def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc:
                 q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, scale: float) -> np.ndarray:
     """One decode token of GQA attention after its projections: per-head RMS norms of q
     and k (when given), RoPE (cos/sin of the position), k and v written into the caches
-    kc [n_ctx, n_kv, hd] / vc [n_ctx, n_kv, hdv] (rows as attn_cached takes them) at pos
+    kc [n_kv, n_ctx, hd] / vc [n_kv, n_ctx, hdv] (rows as attn_cached takes them) at pos
     (in place), then attention over
     positions 0..pos -> [n_head * hdv]. q and k are scratch (rotated in place)."""
     return _cpu.attn_decode(_f32(q), _f32(k), _f32(v), kc, vc, int(pos), int(n_head), _f32(cos), _f32(sin),
@@ -115,8 +115,8 @@ def attn_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc:
 def attn_cached(q: np.ndarray, kc: np.ndarray, vc: np.ndarray | None, pos0: int, n_head: int, scale: float,
                 v_dim: int = 0) -> np.ndarray:
     """Causal softmax(scale * q.K^T) V of queries q [T, n_head, dim] at positions pos0..
-    (query t sees positions 0..pos0 + t) over the cache rows kc [n_ctx, groups, dim] and
-    vc [n_ctx, groups, dim_v] (float32, float16 or q8_0 rows, engine/kv_cache.KVRows);
+    (query t sees positions 0..pos0 + t) over the cache rows kc [groups, n_ctx, dim] and
+    vc [groups, n_ctx, dim_v] (float32, float16 or q8_0 rows, engine/kv_cache.KVRows);
     vc None: the values are the first v_dim of each key row (MLA's latent) -> flat
     [T * n_head * dim_v]."""
     return _cpu.attn_cached(_f32(q).reshape(-1), kc, vc, int(pos0), int(n_head), float(scale), int(v_dim))

@@ -12,14 +12,16 @@ from .kv_types import Q8_BLOCK, Q8_BYTES, check_kv_type
 
 
 class KVRows:
-    """One layer's rows [n_ctx, heads, dim] in kv_type, on device (None: host memory)."""
+    """One layer's rows in kv_type, on device (None: host memory), head by head: data
+    [heads, n_ctx, dim] (q8_0: [heads, n_ctx, dim / 32 * 34] bytes), so that each head's
+    rows are one stream for the decode kernels (and one matrix for a GPU's matmuls)."""
 
     def __init__(self, n_ctx: int, heads: int, dim: int, kv_type: str, device=None):
         self.kv_type, self.heads, self.dim = check_kv_type(kv_type, (dim,)), heads, dim
         if kv_type == "q8_0":
-            self.data = torch.zeros(n_ctx, heads, dim // Q8_BLOCK * Q8_BYTES, dtype=torch.uint8, device=device)
+            self.data = torch.zeros(heads, n_ctx, dim // Q8_BLOCK * Q8_BYTES, dtype=torch.uint8, device=device)
         else:
-            self.data = torch.zeros(n_ctx, heads, dim, device=device,
+            self.data = torch.zeros(heads, n_ctx, dim, device=device,
                                     dtype=torch.float32 if kv_type == "f32" else torch.float16)
 
     @property
@@ -38,13 +40,13 @@ class KVRows:
         """x [T, heads, dim] float32 into positions pos0.."""
         T = x.shape[0]
         if self.kv_type != "q8_0":
-            self.data[pos0:pos0 + T] = x
+            self.data[:, pos0:pos0 + T] = x.transpose(0, 1)
             return
-        xb = x.float().reshape(T, self.heads, -1, Q8_BLOCK)
+        xb = x.float().transpose(0, 1).reshape(self.heads, T, -1, Q8_BLOCK)
         d = xb.abs().amax(-1, keepdim=True) / 127  # as kv_store: float scale, f32 inverse, ties to even
         inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
         q = torch.round(xb * inv).to(torch.int8)
-        rows = self.data[pos0:pos0 + T].view(T, self.heads, -1, Q8_BYTES)
+        rows = self.data[:, pos0:pos0 + T].view(self.heads, T, -1, Q8_BYTES)
         rows[..., :2] = d.half().view(torch.uint8)
         rows[..., 2:] = q.view(torch.uint8)
 
@@ -52,9 +54,9 @@ class KVRows:
         """Positions 0..S-1 as float32 [S, heads, dim] (dim: a leading part of each row)."""
         dim = self.dim if dim is None else dim
         if self.kv_type != "q8_0":
-            return self.data[:S, :, :dim].float()
+            return self.data[:, :S, :dim].float().transpose(0, 1)
         nb = -(-dim // Q8_BLOCK)
-        blocks = self.data[:S].view(S, self.heads, -1, Q8_BYTES)[:, :, :nb]
+        blocks = self.data[:, :S].view(self.heads, S, -1, Q8_BYTES)[:, :, :nb]
         d = blocks[..., :2].contiguous().view(torch.float16).float()
         q = blocks[..., 2:].contiguous().view(torch.int8).float()
-        return (q * d).reshape(S, self.heads, nb * Q8_BLOCK)[..., :dim]
+        return (q * d).reshape(self.heads, S, nb * Q8_BLOCK)[..., :dim].transpose(0, 1)

@@ -43,17 +43,19 @@ def test_attn_decode_matches_torch_path(n_head, n_kv, hd, hdv, rope_dim, style, 
     kref[pos], vref[pos] = tk[0], torch.from_numpy(v).view(n_kv, hdv)
     want = attend(tq, kref[:pos + 1], vref[:pos + 1], pos, scale).numpy().reshape(-1)
 
+    # the kernels keep each head's rows together: [n_kv, n_ctx, hd]
+    kc, vc = np.ascontiguousarray(kc.transpose(1, 0, 2)), np.ascontiguousarray(vc.transpose(1, 0, 2))
     out = kernels.attn_decode(q.copy(), k.copy(), v, kc, vc, pos, n_head, rope.cos[pos].numpy(), rope.sin[pos].numpy(),
                               rope_dim, style == "neox", qn, kn, eps, scale)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kc[pos], kref[pos].numpy(), rtol=1e-6, atol=1e-6)  # the cache row, in place
-    np.testing.assert_array_equal(vc[pos], v.reshape(n_kv, hdv))
-    assert (kc[pos + 1:] == 7.0).all() and (vc[pos + 1:] == 7.0).all()
+    np.testing.assert_allclose(kc[:, pos], kref[pos].numpy(), rtol=1e-6, atol=1e-6)  # the cache row, in place
+    np.testing.assert_array_equal(vc[:, pos], v.reshape(n_kv, hdv))
+    assert (kc[:, pos + 1:] == 7.0).all() and (vc[:, pos + 1:] == 7.0).all()
 
 
 def test_attn_decode_rejects_bad_input():
-    kc = np.zeros((4, 2, 8), np.float32)
-    vc = np.zeros((4, 2, 8), np.float32)
+    kc = np.zeros((2, 4, 8), np.float32)  # 2 KV heads, 4 positions
+    vc = np.zeros((2, 4, 8), np.float32)
     cs = np.ones(4, np.float32)
     args = dict(q=np.zeros(32, np.float32), k=np.zeros(16, np.float32), v=np.zeros(16, np.float32), kc=kc, vc=vc,
                 pos=1, n_head=4, cos=cs, sin=cs, rope_dim=8, neox=True, q_norm=None, k_norm=None, eps=1e-6, scale=1.0)
@@ -64,7 +66,7 @@ def test_attn_decode_rejects_bad_input():
     with pytest.raises(ValueError, match="k cache"):
         kernels.attn_decode(**dict(args, kc=kc[:, :, ::2].copy().astype(np.float64)))
     with pytest.raises(ValueError, match="v cache"):
-        kernels.attn_decode(**dict(args, vc=np.zeros((4, 8, 2), np.float32).transpose(0, 2, 1)))  # a view, not in place
+        kernels.attn_decode(**dict(args, vc=np.zeros((2, 8, 4), np.float32).transpose(0, 2, 1)))  # a view, not in place
 
 
 def test_attn_decode_scalar_path():

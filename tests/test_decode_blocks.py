@@ -116,10 +116,11 @@ def test_decode_attn_block_matches_steps(bias, norm):
     kr[pos], vr[pos] = k[0], v.view(nkv, hd)
     want = x + attend(q, kr[:pos + 1], vr[:pos + 1], pos, 0.25) @ mats[3].T
     ops = [kernels.ggml_operand(m) for m in mats]
+    kc, vc = kc.transpose(0, 1).contiguous(), vc.transpose(0, 1).contiguous()  # the kernels' [n_kv, n_ctx, hd]
     got = kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, *ops, *bs, kc.numpy(), vc.numpy(), pos, nh,
                                     rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn, 1e-6, 0.25)
     np.testing.assert_allclose(got, want.numpy()[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kc.numpy()[pos], kr.numpy()[pos], rtol=1e-5, atol=1e-6)  # written in place
+    np.testing.assert_allclose(kc.numpy()[:, pos], kr.numpy()[pos], rtol=1e-5, atol=1e-6)  # written in place
     with pytest.raises(ValueError, match="projection shapes"):
         kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, ops[1], ops[1], ops[2], ops[3], *bs, kc.numpy(),
                                   vc.numpy(), pos, nh, rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn,
@@ -150,6 +151,7 @@ def test_decode_attn_block_quantized_projections():
     kr[pos], vr[pos] = k[0], v.view(nkv, hd)
     o = attend(q, kr[:pos + 1], vr[:pos + 1], pos, 0.25).numpy()
     want = x + kernels.ggml_matmul(*ops[3], o)[0]
+    kc, vc = np.ascontiguousarray(kc.transpose(1, 0, 2)), np.ascontiguousarray(vc.transpose(1, 0, 2))
     got = kernels.decode_attn_block(x, norm_w, 1e-5, *ops, None, None, None, kc, vc, pos, nh, rope.cos[pos].numpy(),
                                     rope.sin[pos].numpy(), 16, True, None, None, 1e-6, 0.25)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -147,7 +147,7 @@ def test_legacy_kv_b_gives_identical_logits(files):
     b, cache = _run(legacy, toks)
     assert torch.equal(a, b)
     # the legacy file runs absorbed too: its cache holds latents, not per-head K/V
-    assert cache.kv[0].data.shape == (128, 1, 32 + 16)
+    assert cache.kv[0].data.shape == (1, 128, 32 + 16)
 
 
 def test_mtp_block_is_skipped(files):

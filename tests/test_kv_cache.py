@@ -111,7 +111,7 @@ def test_attn_cached_scalar_path():
 
 
 def test_attn_cached_refuses_bad_input():
-    kc = np.zeros((4, 2, 32), np.float16)
+    kc = np.zeros((2, 4, 32), np.float16)  # 2 heads, 4 positions
     q = np.zeros(4 * 32, np.float32)
     with pytest.raises(ValueError, match="shapes"):
         kernels.attn_cached(q, kc, kc, 4, 4, 1.0)  # past the cache
@@ -120,7 +120,7 @@ def test_attn_cached_refuses_bad_input():
     with pytest.raises(ValueError, match="shapes"):
         kernels.attn_cached(q, kc, kc, 2, 3, 1.0)  # heads not a multiple of the groups
     with pytest.raises(ValueError, match="k cache"):
-        kernels.attn_cached(q, np.zeros((4, 2, 33), np.uint8), kc, 2, 4, 1.0)  # not q8_0 blocks
+        kernels.attn_cached(q, np.zeros((2, 4, 33), np.uint8), kc, 2, 4, 1.0)  # not q8_0 blocks
     with pytest.raises(ValueError, match="v_dim"):
         kernels.attn_cached(q, kc, None, 2, 4, 1.0, v_dim=40)
     with pytest.raises(ValueError, match="k cache"):

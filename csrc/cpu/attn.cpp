@@ -94,10 +94,14 @@ float exp_sub(float* p, size_t n, float m) {
   return sum;
 }
 
-void accum(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o) {
-  for (size_t d = 0; d < dim; ++d) o[d] *= c;
-  for (size_t t = 0; t < n; ++t)
-    for (size_t d = 0; d < dim; ++d) o[d] += p[t] * tile[t * tstride + d];
+void accum(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n, size_t dim,
+           const float* c, float* const* o) {
+  for (size_t r = 0; r < rows; ++r, p += pstride) {
+    float* orow = o[r];
+    for (size_t d = 0; d < dim; ++d) orow[d] *= c[r];
+    for (size_t t = 0; t < n; ++t)
+      for (size_t d = 0; d < dim; ++d) orow[d] += p[t] * tile[t * tstride + d];
+  }
 }
 
 }  // namespace
@@ -148,7 +152,7 @@ struct AttnTask {
 
 void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size_t j1, float* m, float* l,
               float* const* o, std::vector<float>& qb, std::vector<float>& kt, std::vector<float>& vt,
-              std::vector<float>& s) {
+              std::vector<float>& s, std::vector<float>& cr) {
   static const bool avx2 = active_isa() != Isa::Scalar;
   const size_t rep = A.rep, hd = A.K->dim, hdv = A.V->dim, rows = tn * rep;
   for (size_t t = 0; t < tn; ++t)  // rows t * rep + h, contiguous for the score kernel
@@ -172,12 +176,19 @@ void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size
       const size_t lim = A.pos0 + t0 + r / rep + 1, cnt = std::min(n, lim - j);  // keys of the tile this row sees
       float* sr = s.data() + r * kTile;
       const float mt = *std::max_element(sr, sr + cnt), mn = std::max(m[r], mt);
-      if (mn == -INFINITY) continue;  // nothing finite seen yet
-      const float c = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mn);
-      l[r] = l[r] * c + (avx2 ? kv_exp_avx2 : exp_sub)(sr, cnt, mn);
-      m[r] = mn;
-      (avx2 ? kv_accum_avx2 : accum)(sr, vrows, A.shared ? hd : hdv, cnt, hdv, c, o[r]);
+      float c = 1.f;  // a row that saw nothing finite yet keeps its (zero) output: weights 0
+      if (mn == -INFINITY) {
+        std::fill(sr, sr + n, 0.f);
+      } else {
+        c = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mn);
+        l[r] = l[r] * c + (avx2 ? kv_exp_avx2 : exp_sub)(sr, cnt, mn);
+        m[r] = mn;
+        std::fill(sr + cnt, sr + n, 0.f);  // keys past the row's causal end weigh 0: rows go through together
+      }
+      cr[r] = c;
     }
+    (avx2 ? kv_accum_avx2 : accum)(s.data() + r0 * kTile, kTile, rows - r0, vrows, A.shared ? hd : hdv, n, hdv,
+                                   cr.data() + r0, o + r0);
   }
 }
 
@@ -206,7 +217,7 @@ void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, con
   const size_t n_tasks = n_groups * nqb * nb;
   parallel_for(n_tasks, [&](size_t i0, size_t i1, int) {
     std::vector<float> qb(rows_max * hd), kt(kTile * hd), vt(A.shared ? 0 : kTile * hdv), s(rows_max * kTile);
-    std::vector<float> ml(nb > 1 ? 0 : 2 * rows_max);
+    std::vector<float> ml(nb > 1 ? 0 : 2 * rows_max), cr(rows_max);
     std::vector<float*> o(rows_max);
     for (size_t i = i0; i < i1; ++i) {
       // later query blocks see more keys: alternate ends so contiguous chunks balance
@@ -224,7 +235,7 @@ void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, con
         for (size_t r = 0; r < rows; ++r) o[r] = out + ((t0 + r / rep) * n_head + g * rep + r % rep) * hdv;
       }
       for (size_t r = 0; r < rows; ++r) std::fill(o[r], o[r] + hdv, 0.f);
-      run_rows(A, g, t0, tn, b * blk, std::min(S, (b + 1) * blk), m, l, o.data(), qb, kt, vt, s);
+      run_rows(A, g, t0, tn, b * blk, std::min(S, (b + 1) * blk), m, l, o.data(), qb, kt, vt, s, cr);
       if (nb == 1)
         for (size_t r = 0; r < rows; ++r) {
           const float inv = 1.0f / l[r];

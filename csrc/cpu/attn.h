@@ -21,6 +21,8 @@ enum class KvType : int { F32 = 0, F16 = 1, Q8_0 = 8 };
 
 // One layer's cache rows: position j, head g at base + j * pos_stride + g * head_stride
 // (bytes), dim values each. q8_0 rows are ggml blocks ([d:f16][q:32 x int8], dim % 32 == 0).
+// The engine keeps each head's rows together (head_stride = n_ctx * pos_stride): a head's
+// keys are one stream for the hardware prefetchers.
 struct KvRows {
   KvType type;
   uint8_t* base;
@@ -56,11 +58,12 @@ void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, const 
 
 // The AVX2 + FMA + F16C pieces of attn_cached (attn_avx2.cpp; called only where isa.cpp
 // allows AVX2). Tiles are n rows of dim f32 values, row after row.
-void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);
+void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);  // rows j0.. of group g
 void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                     float* s, size_t sstride);  // s[h * sstride + t] = scale * q_h . tile_t
 float kv_exp_avx2(float* p, size_t n, float m);  // p = e^(p - m), returns the sum
-void kv_accum_avx2(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o);
-// o = c * o + sum_t p_t tile_t[0:dim]
+// For each of `rows` rows r (weights p + r * pstride): o[r] = c[r] * o[r] + sum_t p_t tile_t[0:dim].
+void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
+                   size_t dim, const float* c, float* const* o);
 
 }  // namespace rmoe

@@ -120,10 +120,13 @@ float kv_exp_avx2(float* p, size_t n, float m) {
   return sum;
 }
 
-void kv_accum_avx2(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o) {
+namespace {
+
+// One row: 64 outputs in registers over the tile's keys, then 8, then single ones.
+void accum_row(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o) {
   const __m256 c8 = _mm256_set1_ps(c);
   size_t d0 = 0;
-  for (; d0 + 64 <= dim; d0 += 64) {  // 64 outputs in registers over the tile's keys
+  for (; d0 + 64 <= dim; d0 += 64) {
     __m256 acc[8];
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o + d0 + 8 * i));
     for (size_t t = 0; t < n; ++t) {
@@ -145,6 +148,44 @@ void kv_accum_avx2(const float* p, const float* tile, size_t tstride, size_t n, 
   }
 }
 
+// Three rows at once, 32 outputs each: every value load feeds three FMAs.
+void accum_rows3(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
+                 const float* c, float* const* o) {
+  size_t d0 = 0;
+  for (; d0 + 32 <= dim; d0 += 32) {
+    __m256 acc[3][4];
+    for (int r = 0; r < 3; ++r) {
+      const __m256 c8 = _mm256_set1_ps(c[r]);
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o[r] + d0 + 8 * i));
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const float* vt = tile + t * tstride + d0;
+      const __m256 v0 = _mm256_loadu_ps(vt), v1 = _mm256_loadu_ps(vt + 8), v2 = _mm256_loadu_ps(vt + 16),
+                   v3 = _mm256_loadu_ps(vt + 24);
+      for (int r = 0; r < 3; ++r) {
+        const __m256 w8 = _mm256_broadcast_ss(p + r * pstride + t);
+        acc[r][0] = _mm256_fmadd_ps(w8, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w8, v1, acc[r][1]);
+        acc[r][2] = _mm256_fmadd_ps(w8, v2, acc[r][2]);
+        acc[r][3] = _mm256_fmadd_ps(w8, v3, acc[r][3]);
+      }
+    }
+    for (int r = 0; r < 3; ++r)
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o[r] + d0 + 8 * i, acc[r][i]);
+  }
+  if (d0 < dim)  // the last outputs one row at a time
+    for (int r = 0; r < 3; ++r) accum_row(p + r * pstride, tile + d0, tstride, n, dim - d0, c[r], o[r] + d0);
+}
+
+}  // namespace
+
+void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
+                   size_t dim, const float* c, float* const* o) {
+  size_t r = 0;
+  for (; r + 3 <= rows; r += 3) accum_rows3(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  for (; r < rows; ++r) accum_row(p + r * pstride, tile, tstride, n, dim, c[r], o[r]);
+}
+
 }  // namespace rmoe
 
 #else  // non-x86: never selected
@@ -152,6 +193,6 @@ namespace rmoe {
 void kv_rows_f32_avx2(const KvRows&, size_t, size_t, size_t, float*) {}
 void kv_scores_avx2(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
 float kv_exp_avx2(float*, size_t, float) { return 0.f; }
-void kv_accum_avx2(const float*, const float*, size_t, size_t, size_t, float, float*) {}
+void kv_accum_avx2(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*) {}
 }  // namespace rmoe
 #endif

@@ -223,12 +223,17 @@ void def_resplit(py::module_& m) {
 namespace {
 
 // A layer's KV cache rows, used in place (never a converted copy): a writable C-contiguous
-// [n_ctx, n_heads, dim] array of float32 or float16, or of uint8 holding q8_0 blocks
-// ([n_ctx, n_heads, dim / 32 * 34]).
-rmoe::KvRows kv_rows(const py::array& a, const char* what) {
+// [heads, n_ctx, dim] array of float32 or float16, or of uint8 holding q8_0 blocks
+// ([heads, n_ctx, dim / 32 * 34]). Each head's rows are one stream, as decode reads them.
+struct KvArg {
+  rmoe::KvRows rows;
+  size_t heads, n_ctx;
+};
+
+KvArg kv_rows(const py::array& a, const char* what) {
   const auto bad = [&] {
     return py::value_error(std::string("attention: ") + what +
-                           " must be a writable C-contiguous [n_ctx, heads, dim] array of float32, float16 or q8_0 "
+                           " must be a writable C-contiguous [heads, n_ctx, dim] array of float32, float16 or q8_0 "
                            "blocks (uint8)");
   };
   if (!(a.flags() & py::array::c_style) || !a.writeable() || a.ndim() != 3 || a.shape(2) == 0) throw bad();
@@ -244,8 +249,8 @@ rmoe::KvRows kv_rows(const py::array& a, const char* what) {
   } else {
     throw bad();
   }
-  const size_t hs = (size_t)a.strides(1);
-  return {t, static_cast<uint8_t*>(const_cast<void*>(a.data())), (size_t)a.strides(0), hs, dim};
+  return {{t, static_cast<uint8_t*>(const_cast<void*>(a.data())), (size_t)a.strides(1), (size_t)a.strides(0), dim},
+          (size_t)a.shape(0), (size_t)a.shape(1)};
 }
 
 // An optional float32 vector of n values (None: null); keep holds the array alive.
@@ -266,11 +271,11 @@ struct AttnArgs {
            const F32Array& sin_, size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm,
            float eps, float scale)
       : pos(pos_), cos(cos_), sin(sin_) {
-    kc = kv_rows(kca, "k cache");
-    vc = kv_rows(vca, "v cache");
-    const size_t nkv = (size_t)kca.shape(1), hd = kc.dim, hdv = vc.dim;
-    if (n_head == 0 || nkv == 0 || n_head % nkv || (size_t)vca.shape(1) != nkv || pos >= (size_t)kca.shape(0) ||
-        pos >= (size_t)vca.shape(0) || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
+    const KvArg K = kv_rows(kca, "k cache"), V = kv_rows(vca, "v cache");
+    kc = K.rows;
+    vc = V.rows;
+    const size_t nkv = K.heads, hd = kc.dim, hdv = vc.dim;
+    if (n_head == 0 || nkv == 0 || n_head % nkv || V.heads != nkv || pos >= K.n_ctx || pos >= V.n_ctx || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
         (size_t)sin.size() < rope_dim / 2)
       throw py::value_error("attention: shapes do not agree");
     a = {n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(), opt_f32(q_norm, hd, "q_norm", qn),
@@ -315,26 +320,25 @@ void def_attn(py::module_& m) {
      "one decode token of GQA attention: q/k head norms, RoPE, K/V into the cache at pos, attention -> [n_head*hdv]");
 
   m.def("kv_store", [](const py::array& cache, size_t pos, const F32Array& x) {
-    const rmoe::KvRows c = kv_rows(cache, "cache");
-    const size_t heads = (size_t)cache.shape(1);
-    if (pos >= (size_t)cache.shape(0) || (size_t)x.size() != heads * c.dim)
-      throw py::value_error("attention: shapes do not agree");
-    rmoe::kv_store(c, pos, heads, x.data());
+    const KvArg c = kv_rows(cache, "cache");
+    if (pos >= c.n_ctx || (size_t)x.size() != c.heads * c.rows.dim) throw py::value_error("attention: shapes do not agree");
+    rmoe::kv_store(c.rows, pos, c.heads, x.data());
   }, py::arg("cache"), py::arg("pos"), py::arg("x"), "x [heads * dim] into the cache rows at pos, in the cache's type");
 
   m.def("attn_cached", [](const F32Array& q, const py::array& kc, const py::object& vc, size_t pos0, size_t n_head,
                           float scale, size_t v_dim) {
-    const rmoe::KvRows K = kv_rows(kc, "k cache");
-    rmoe::KvRows V = K;  // None: the values are the first v_dim of the key rows (MLA's latent)
-    if (!vc.is_none()) V = kv_rows(vc.cast<py::array>(), "v cache");
+    const KvArg KA = kv_rows(kc, "k cache");
+    KvArg VA = KA;  // None: the values are the first v_dim of the key rows (MLA's latent)
+    if (!vc.is_none()) VA = kv_rows(vc.cast<py::array>(), "v cache");
+    const rmoe::KvRows& K = KA.rows;
+    rmoe::KvRows& V = VA.rows;
     if (vc.is_none() && (v_dim == 0 || v_dim > K.dim || (K.type == rmoe::KvType::Q8_0 && v_dim % 32)))
       throw py::value_error("attention: v_dim must be within the key rows");
     if (vc.is_none()) V.dim = v_dim;
-    const size_t G = (size_t)kc.shape(1), per = n_head * K.dim;
+    const size_t G = KA.heads, per = n_head * K.dim;
     const size_t n_q = per ? (size_t)q.size() / per : 0, S = pos0 + n_q;
-    if (n_head == 0 || n_head % G || (!vc.is_none() && (size_t)vc.cast<py::array>().shape(1) != G) || n_q == 0 ||
-        n_q * per != (size_t)q.size() || S > (size_t)kc.shape(0) ||
-        (!vc.is_none() && S > (size_t)vc.cast<py::array>().shape(0)))
+    if (n_head == 0 || n_head % G || VA.heads != G || n_q == 0 || n_q * per != (size_t)q.size() || S > KA.n_ctx ||
+        S > VA.n_ctx)
       throw py::value_error("attention: shapes do not agree");
     F32Array out((py::ssize_t)(n_q * n_head * V.dim));
     const float* qp = q.data();

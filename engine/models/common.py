@@ -93,7 +93,7 @@ class Rope:
 
 
 class KVCache:
-    """Per-layer K and V for one sequence: k[il] [n_ctx, n_kv, hd], v[il] [n_ctx, n_kv, hd_v]
+    """Per-layer K and V for one sequence: k[il] and v[il], n_kv heads of hd and hd_v values
     (engine/kv_cache.KVRows) in kv_type. devices: each layer's device (None: all in host memory)."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE):

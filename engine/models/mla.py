@@ -27,7 +27,8 @@ _SCORES_MAX = 1 << 25  # attention scores held at once (128 MiB in f32)
 
 
 class MLACache:
-    """Per layer: rows [n_ctx, 1, kv_lora_rank + rope] = [latent c | roped k_pe] in kv_type."""
+    """Per layer: one head of rows (engine/kv_cache.KVRows) [latent c | roped k_pe] of
+    kv_lora_rank + rope values in kv_type."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE):
         self.n_ctx, self.kv_type = n_ctx, kv_type
