@@ -269,6 +269,7 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
   static const bool avxvnni = active_isa() == Isa::Avx2 && cpu_features().avxvnni;
   if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
   if (fmt == Fmt::WQ && avxvnni) return rows_dot_wq_avxvnni;
+  if (fmt == Fmt::WQ && active_isa() == Isa::Avx2) return rows_dot_wq_avx2;
   if (fmt == Fmt::WR && vbmi_kernels()) return rows_dot_wr_vbmi;
   if (fmt == Fmt::D4 && vbmi_kernels()) return rows_dot_d4_vbmi;
 #endif

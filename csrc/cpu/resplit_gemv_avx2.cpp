@@ -1,6 +1,7 @@
 // AVX2+FMA fused decode x activation kernels of the resplit formats (the tiles of
-// resplit_tiles_avx2.h without VNNI) and the activation quantizer. Called only when
-// isa.cpp reports AVX2, FMA, F16C and OS YMM state.
+// resplit_tiles_avx2.h without VNNI, and the decode GEMV over several rows at once) and
+// the activation quantizer. Called only when isa.cpp reports AVX2, FMA, F16C and OS YMM
+// state.
 #include "resplit.h"
 
 #if RMOE_X86
@@ -48,6 +49,85 @@ RMOE_TILED(row_dot_wq_avx2, wq_tile, false)
 RMOE_TILED(row_dot_d4_avx2, d4_tile, false)
 RMOE_TILED(row_dot_wr_avx2, wr_tile, false)
 
+namespace {
+
+// WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2): the rows share each
+// activation register. A row's int16 sums of a step (4 blocks) widen by one madd to two
+// int32 lanes per block; rows 2j and 2j+1 then meet by blends and one in-lane swap
+// (horizontal adds cost several shuffles here): lanes [r0 b0, r1 b0, r0 b1, r1 b1 |
+// r0 b2, r1 b2, r0 b3, r1 b3], where one float conversion, activation scale and
+// accumulate serve both rows. The 4 rows' block scales are gathered by pshufb into the
+// same lanes. Rows past nr repeat the last row (their sums unused).
+void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
+  const __m256i bias = _mm256_set1_epi8((char)0x80), ones16 = _mm256_set1_epi16(1);
+  const __m256i lo4 = _mm256_set1_epi16(0xF), hi8 = _mm256_set1_epi16(0x7F80);
+  const WqDigits digits;
+  const uint8_t* row[4];
+  __m256i gather[4];  // bytes 6, 7 of the lane's block b (0, 1) of row k -> 16-bit lane 2b + (k & 1) + 4 (k >> 1)
+  for (int k = 0; k < 4; ++k) {
+    row[k] = q + (k < (int)nr ? k : nr - 1) * rb;
+    alignas(16) int8_t g[16];
+    std::memset(g, -128, 16);
+    for (int b = 0; b < 2; ++b) {
+      const int w = 2 * b + (k & 1) + 4 * (k >> 1);
+      g[2 * w] = (int8_t)(8 * b + 6);
+      g[2 * w + 1] = (int8_t)(8 * b + 7);
+    }
+    gather[k] = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(g)));
+  }
+  __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  alignas(32) uint8_t tail[4][32];
+  for (size_t b = 0; b < nb; b += 4) {
+    const float* g = xp + (b / 8) * 112 + 8 * ((b % 8) / 4);  // this half of the 8-block group
+    __m256i raw[4], v[4], acc[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* src = row[k] + 8 * b;
+      if (b % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(src + 8 * rb), _MM_HINT_T0);  // 8 rows on
+      if (nb - b < 4) {  // last partial step: never read past the row
+        std::memset(tail[k], 0, 32);
+        std::memcpy(tail[k], src, 8 * (nb - b));
+        src = tail[k];
+      }
+      raw[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      v[k] = _mm256_xor_si256(_mm256_and_si256(raw[k], keep), bias);
+    }
+    for (int i = 0; i < 5; ++i) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i p = _mm256_maddubs_epi16(digits.next(v[k]), x);
+        acc[k] = i == 0 ? p : _mm256_add_epi16(acc[k], p);
+      }
+    }
+    // f16 scale bits (b6 & 15) << 3 | b7 << 7 of w = b6 | b7 << 8; then qword j of each
+    // lane holds rows 2j, 2j+1: vpermq puts rows 0, 1 in the low half, rows 2, 3 in the high
+    __m256i w = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(raw[0], gather[0]), _mm256_shuffle_epi8(raw[1], gather[1])),
+                                _mm256_or_si256(_mm256_shuffle_epi8(raw[2], gather[2]), _mm256_shuffle_epi8(raw[3], gather[3])));
+    w = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, lo4), 3), _mm256_and_si256(_mm256_srli_epi16(w, 1), hi8));
+    w = _mm256_permute4x64_epi64(w, 0xD8);
+    const __m256 sx = _mm256_loadu_ps(g + 80);                      // lanes 2b, 2b+1: sx of block b
+    const __m256 c = _mm256_moveldup_ps(_mm256_loadu_ps(g + 96));  // lane 2b: sx_b * sum(x_b)
+    for (int j = 0; j < 2; ++j) {
+      const __m256i a0 = _mm256_madd_epi16(acc[2 * j], ones16), a1 = _mm256_madd_epi16(acc[2 * j + 1], ones16);
+      const __m256i s = _mm256_add_epi32(_mm256_blend_epi32(a0, a1, 0xAA),
+                                         _mm256_shuffle_epi32(_mm256_blend_epi32(a1, a0, 0xAA), 0xB1));
+      const __m256 dq = _mm256_cvtph_ps(j ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w));
+      tot[j] = _mm256_fmadd_ps(dq, _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), sx, c), tot[j]);
+    }
+  }
+  // tot[j]: [row 2j, 2j+1, 2j, 2j+1 | ...]
+  const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(tot[0], tot[1], 0x20), _mm256_permute2f128_ps(tot[0], tot[1], 0x31));
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  const float rows4[4] = {out[0] + out[2], out[1] + out[3], out[4] + out[6], out[5] + out[7]};
+  for (size_t k = 0; k < nr && k < 4; ++k) y[k] = rows4[k];
+}
+
+}  // namespace
+
+void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
+}
 
 }  // namespace resplit
 }  // namespace rmoe
@@ -64,6 +144,7 @@ void row_dot_wr_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 void row_dot_d4_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
 }
+void rows_dot_wq_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -28,10 +28,24 @@ RMOE_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // is (v > -43) + (v > 42), two signed compares. Digits (0..2) times int8 x by
 // maddubs (pairs <= 2*2*127); a token's 5 digit products sum in int16 (<= 2540)
 // before one madd widens them (with VNNI: vpdpbusd into int32).
+struct WqDigits {
+  __m256i c1 = _mm256_set1_epi8(-43), c2 = _mm256_set1_epi8(42);
+  // Hidden from the compiler, which would otherwise rewrite v > -43 as min(v, -42) == -42.
+  WqDigits() { __asm__("" : "+x"(c1), "+x"(c2)); }
+  // The digit of states v, then v <- the next states.
+  RMOE_INLINE __m256i next(__m256i& v) const {
+    const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(v, c1)),
+                                      _mm256_cmpgt_epi8(v, c2));
+    v = _mm256_add_epi8(v, _mm256_add_epi8(v, v));
+    return d;
+  }
+};
+
 template <int NT, bool VNNI>
 void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
-  const __m256i bias = _mm256_set1_epi8((char)0x80), c1 = _mm256_set1_epi8(-43), c2 = _mm256_set1_epi8(42);
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  const WqDigits digits;
   const __m256i ones16 = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
   __m256 tot[NT];
   for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
@@ -54,9 +68,7 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const size_t half = (b % 8) / 4;  // blocks 0-3 or 4-7 of the 8-block group
     __m256i acc[NT];  // int16 pair sums (VNNI: int32 sums)
     for (int i = 0; i < 5; ++i) {
-      const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(v, c1)),
-                                        _mm256_cmpgt_epi8(v, c2));
-      v = _mm256_add_epi8(v, _mm256_add_epi8(v, v));
+      const __m256i d = digits.next(v);
       for (int t = 0; t < NT; ++t) {
         const __m256i x = _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half));
         if constexpr (VNNI) {
