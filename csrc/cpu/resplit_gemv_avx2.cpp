@@ -51,6 +51,61 @@ RMOE_TILED(row_dot_wr_avx2, wr_tile, false)
 
 namespace {
 
+// WR decode GEMV (one token), rows in pairs (rows_dot_wr_avx2). Per block half h, each
+// row's products widen to int32 lanes of 4 weights, and the pair meets by blends and one
+// in-lane swap (horizontal adds cost several shuffles here): lanes [A, B, A, B | A, B,
+// A, B] (rows A, B) of 8 weights, sub-block 2h in the low half, 2h+1 in the high. One
+// vector builds the pair's sub-scales: k_s = bits 4s+3:4s of each row's word, 2^(-k/4)
+// from the first 8 entries of the table, 2^-2 below for k >= 8 (exponent - 2: exact).
+// Each row's D scales its sum at the end.
+template <int M>
+RMOE_INLINE __m256 wr_pair_group(const uint8_t* ga, const uint8_t* gb, const float* xb, __m256 tot) {
+  constexpr int W = 2 * M + 1;
+  const __m256i ones16 = _mm256_set1_epi16(1), eight = _mm256_set1_epi32(8);
+  const __m256i shifts[2] = {_mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12)};
+  const __m256 t8 = _mm256_loadu_ps(kWrTable);
+  __m256i la[2][3], lb[2][3];
+  wr_levels<M, false>(ga, la);
+  wr_levels<M, false>(gb, lb);
+  for (int p = 0; p < M; ++p) {
+    const float* x = xb + 48 * p;
+    uint16_t wa, wb;
+    std::memcpy(&wa, ga + 8 * W + 2 * p, 2);
+    std::memcpy(&wb, gb + 8 * W + 2 * p, 2);
+    const __m256i words = _mm256_set1_epi64x((long long)(wa | ((uint64_t)wb << 32)));  // lanes A, B, A, B, ...
+    for (int h = 0; h < 2; ++h) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x) + h);
+      const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(la[h][p], xq), ones16);
+      const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(lb[h][p], xq), ones16);
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 + 8 * h));  // -9 * sum x per 4
+      const __m256i ab = _mm256_add_epi32(_mm256_add_epi32(_mm256_blend_epi32(a, b, 0xAA), _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xAA), 0xB1)),
+                                          _mm256_add_epi32(c, _mm256_shuffle_epi32(c, 0xB1)));
+      const __m256i k = _mm256_srlv_epi32(words, shifts[h]);
+      const __m256i e = _mm256_slli_epi32(_mm256_and_si256(k, eight), 21);
+      const __m256 sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(t8, k)), e));
+      tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sc, _mm256_loadu_ps(x + 16 + 8 * h)), tot);
+    }
+  }
+  return tot;
+}
+
+// Rows a and b (b = a for a last odd row): y[0], y[1].
+void wr_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, float* y, size_t ahead) {
+  __m256 tot = _mm256_setzero_ps();
+  size_t off = 2, b0 = 0;
+  for (; b0 + 3 <= nb; b0 += 3, off += wr_group_bytes(3)) {
+    _mm_prefetch(reinterpret_cast<const char*>(qa + off + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qb + off + ahead), _MM_HINT_T0);
+    tot = wr_pair_group<3>(qa + off, qb + off, xp + 48 * b0, tot);
+  }
+  if (nb - b0 == 2) tot = wr_pair_group<2>(qa + off, qb + off, xp + 48 * b0, tot);
+  if (nb - b0 == 1) tot = wr_pair_group<1>(qa + off, qb + off, xp + 48 * b0, tot);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(tot), _mm256_extractf128_ps(tot, 1));  // [A, B, A, B]
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  y[0] = 0.25f * h2f(qa[0] | (qa[1] << 8)) * _mm_cvtss_f32(s);
+  y[1] = 0.25f * h2f(qb[0] | (qb[1] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(s));
+}
+
 // WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2): the rows share each
 // activation register. A row's int16 sums of a step (4 blocks) widen by one madd to two
 // int32 lanes per block; rows 2j and 2j+1 then meet by blends and one in-lane swap
@@ -77,20 +132,14 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
     gather[k] = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(g)));
   }
   __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  alignas(32) uint8_t tail[4][32];
-  for (size_t b = 0; b < nb; b += 4) {
+  // One step: blocks b..b+3 of each row at src[k] (zero padded past the row).
+  auto step = [&](size_t b, const uint8_t* const* src) __attribute__((always_inline)) {
     const float* g = xp + (b / 8) * 112 + 8 * ((b % 8) / 4);  // this half of the 8-block group
-    __m256i raw[4], v[4], acc[4];
+    __m256i v[4], acc[4], w = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
-      const uint8_t* src = row[k] + 8 * b;
-      if (b % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(src + 8 * rb), _MM_HINT_T0);  // 8 rows on
-      if (nb - b < 4) {  // last partial step: never read past the row
-        std::memset(tail[k], 0, 32);
-        std::memcpy(tail[k], src, 8 * (nb - b));
-        src = tail[k];
-      }
-      raw[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-      v[k] = _mm256_xor_si256(_mm256_and_si256(raw[k], keep), bias);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[k]));
+      w = _mm256_or_si256(w, _mm256_shuffle_epi8(raw, gather[k]));
+      v[k] = _mm256_xor_si256(_mm256_and_si256(raw, keep), bias);
     }
     for (int i = 0; i < 5; ++i) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
@@ -101,8 +150,6 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
     }
     // f16 scale bits (b6 & 15) << 3 | b7 << 7 of w = b6 | b7 << 8; then qword j of each
     // lane holds rows 2j, 2j+1: vpermq puts rows 0, 1 in the low half, rows 2, 3 in the high
-    __m256i w = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(raw[0], gather[0]), _mm256_shuffle_epi8(raw[1], gather[1])),
-                                _mm256_or_si256(_mm256_shuffle_epi8(raw[2], gather[2]), _mm256_shuffle_epi8(raw[3], gather[3])));
     w = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, lo4), 3), _mm256_and_si256(_mm256_srli_epi16(w, 1), hi8));
     w = _mm256_permute4x64_epi64(w, 0xD8);
     const __m256 sx = _mm256_loadu_ps(g + 80);                      // lanes 2b, 2b+1: sx of block b
@@ -114,6 +161,24 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
       const __m256 dq = _mm256_cvtph_ps(j ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w));
       tot[j] = _mm256_fmadd_ps(dq, _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), sx, c), tot[j]);
     }
+  };
+  size_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const uint8_t* src[4];
+    for (int k = 0; k < 4; ++k) {
+      src[k] = row[k] + 8 * b;
+      if (b % 8 == 0) _mm_prefetch(reinterpret_cast<const char*>(src[k] + 8 * rb), _MM_HINT_T0);  // 8 rows on
+    }
+    step(b, src);
+  }
+  if (b < nb) {  // last partial step: never read past the row
+    alignas(32) uint8_t tail[4][32] = {};
+    const uint8_t* src[4];
+    for (int k = 0; k < 4; ++k) {
+      std::memcpy(tail[k], row[k] + 8 * b, 8 * (nb - b));
+      src[k] = tail[k];
+    }
+    step(b, src);
   }
   // tot[j]: [row 2j, 2j+1, 2j, 2j+1 | ...]
   const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(tot[0], tot[1], 0x20), _mm256_permute2f128_ps(tot[0], tot[1], 0x31));
@@ -127,6 +192,17 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
 
 void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
+}
+
+void rows_dot_wr_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  const size_t ahead = 8 * rb;  // the same group 8 rows on (the next row group)
+  size_t r = 0;
+  for (; r + 2 <= nr; r += 2) wr_pair(q + r * rb, q + (r + 1) * rb, nb, xp, y + r, ahead);
+  if (r < nr) {
+    float two[2];
+    wr_pair(q + r * rb, q + r * rb, nb, xp, two, ahead);
+    y[r] = two[0];
+  }
 }
 
 }  // namespace resplit
@@ -145,6 +221,7 @@ void row_dot_d4_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
   row_dot_d4_scalar(q, nb, xp, xs, T, y, ys);
 }
 void rows_dot_wq_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void rows_dot_wr_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -211,34 +211,40 @@ inline __m256i times5_u8(__m256i q) {  // q <= 25: q << 2 stays inside its byte
   return _mm256_add_epi8(q, _mm256_slli_epi16(q, 2));
 }
 
+// The levels 4L+9 of a group's M blocks: lv[h][p] = block p, codes 32h..32h+31. SCALAR:
+// spread the codes with scalar shifts (spread32_scalar), which run beside the vector work
+// where that work fills the vector ports.
+template <int M, bool SCALAR>
+RMOE_INLINE void wr_levels(const uint8_t* q, __m256i lv[2][3]) {
+  constexpr int W = 2 * M + 1;
+  const __m256i ltab = _mm256_setr_epi8(0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i c = SCALAR ? spread32_scalar<W>(q + 4 * W * h) : spread32<W>(q + 4 * W * h);
+    const __m256i q1 = div5_u8(c), q2 = div5_u8(q1);
+    const __m256i dig[3] = {_mm256_sub_epi8(c, times5_u8(q1)), _mm256_sub_epi8(q1, times5_u8(q2)), q2};
+    for (int p = 0; p < M; ++p) lv[h][p] = _mm256_shuffle_epi8(ltab, dig[p]);
+  }
+}
+
 template <int NT, int M, bool VNNI>
 inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D4, const float* xp, size_t xs,
                                                     __m256* tot) {
   constexpr int W = 2 * M + 1;
-  const __m256i ltab = _mm256_setr_epi8(0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                        0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  __m256i dig[2][3];  // [half: codes 0-31 / 32-63][digit position]
-  for (int h = 0; h < 2; ++h) {
-    // one token: the vector ports have room for the spread; tiles of tokens keep them
-    // busy, and the scalar spread runs beside them
-    const __m256i c = NT == 1 ? spread32<W>(q + 4 * W * h) : spread32_scalar<W>(q + 4 * W * h);
-    const __m256i q1 = div5_u8(c), q2 = div5_u8(q1);
-    dig[h][0] = _mm256_sub_epi8(c, times5_u8(q1));
-    dig[h][1] = _mm256_sub_epi8(q1, times5_u8(q2));
-    dig[h][2] = q2;
-  }
+  __m256i lv[2][3];  // [half: codes 0-31 / 32-63][block]
+  // one token: the vector ports have room for the spread; tiles of tokens keep them busy
+  wr_levels<M, NT != 1>(q, lv);
   for (int p = 0; p < M; ++p) {
     const uint32_t word = q[8 * W + 2 * p] | ((uint32_t)q[8 * W + 2 * p + 1] << 8);
     float s[4];
     for (int k = 0; k < 4; ++k) s[k] = D4 * kWrTable[(word >> (4 * k)) & 0xF];
     for (int h = 0; h < 2; ++h) {
-      const __m256i lv = _mm256_shuffle_epi8(ltab, dig[h][p]);
       const __m256 sc = _mm256_setr_m128(_mm_set1_ps(s[2 * h]), _mm_set1_ps(s[2 * h + 1]));
       const float* xb = xp + 48 * p;
       for (int t = 0; t < NT; ++t) {
         const float* xt = xb + t * xs;
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt) + h);
-        const __m256i acc = dot4<VNNI>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + 32 + 8 * h)), lv, xq);
+        const __m256i acc = dot4<VNNI>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + 32 + 8 * h)), lv[h][p], xq);
         tot[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sc, _mm256_loadu_ps(xt + 16 + 8 * h)), tot[t]);
       }
     }
