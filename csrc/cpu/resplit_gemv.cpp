@@ -275,6 +275,7 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
   static const bool wr_avx2 = active_isa() == Isa::Avx512 || (active_isa() == Isa::Avx2 && !cpu_features().avxvnni);
   if (fmt == Fmt::WR && wr_avx2) return rows_dot_wr_avx2;
   if (fmt == Fmt::D4 && vbmi_kernels()) return rows_dot_d4_vbmi;
+  if (fmt == Fmt::D4 && active_isa() == Isa::Avx2 && !avxvnni) return rows_dot_d4_avx2;
 #endif
   (void)fmt;
   return nullptr;

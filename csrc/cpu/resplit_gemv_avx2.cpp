@@ -106,6 +106,47 @@ void wr_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, f
   y[1] = 0.25f * h2f(qb[0] | (qb[1] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(s));
 }
 
+// D4 decode GEMV (one token), rows in pairs (rows_dot_d4_avx2), 2 blocks a step. A row's
+// low and high nibble products (maddubs pairs <= 2 * 15 * 127) add in int16 and widen to
+// int32 lanes of 4 + 4 weights; the pair meets by blends and one in-lane swap: lanes
+// [A, B, A, B | A, B, A, B] (rows A, B), block b in the low half, b + 1 in the high. The
+// pair's sc and mn bytes come as one vector of the same lanes; each row's D and M scale
+// its two sums at the end.
+void d4_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, float* y, size_t ahead) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), ones16 = _mm256_set1_epi16(1), lo8 = _mm256_set1_epi32(0xFF);
+  __m256 tot = _mm256_setzero_ps(), totm = _mm256_setzero_ps();
+  const uint8_t* const row[2] = {qa + 4, qb + 4};
+  for (size_t b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    const float* g = xp + (b / 4) * 64 + 8 * ((b % 4) / 2);  // this half of the 4-block group
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16));
+    __m256i p[2];
+    uint64_t w[2] = {0, 0};  // per block of the step: sc | mn << 8 of row A, then of row B at bit 32
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t* qr = row[k] + 18 * b;
+      _mm_prefetch(reinterpret_cast<const char*>(qr + ahead), _MM_HINT_T0);
+      const __m128i v1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(qr + 18)) : _mm_setzero_si128();
+      const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qr))), v1, 1);
+      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      p[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)), ones16);
+      w[0] |= (uint64_t)(qr[16] | qr[17] << 8) << (32 * k);
+      if (two) w[1] |= (uint64_t)(qr[34] | qr[35] << 8) << (32 * k);
+    }
+    const __m256i ab = _mm256_add_epi32(_mm256_blend_epi32(p[0], p[1], 0xAA),
+                                        _mm256_shuffle_epi32(_mm256_blend_epi32(p[1], p[0], 0xAA), 0xB1));
+    const __m256i sm = _mm256_set_epi64x((long long)w[1], (long long)w[1], (long long)w[0], (long long)w[0]);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(sm, lo8)), mn = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8));
+    tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sc, _mm256_loadu_ps(g + 32)), tot);  // sx: lanes of block
+    totm = _mm256_fmadd_ps(mn, _mm256_moveldup_ps(_mm256_loadu_ps(g + 48)), totm);  // lane 4b: sx_b * sum(x_b)
+  }
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(tot), _mm256_extractf128_ps(tot, 1));  // [A, B, A, B]
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  const __m128 m = _mm_add_ps(_mm256_castps256_ps128(totm), _mm256_extractf128_ps(totm, 1));  // [A, B, 0, 0]
+  y[0] = h2f(qa[0] | (qa[1] << 8)) * _mm_cvtss_f32(s) - h2f(qa[2] | (qa[3] << 8)) * _mm_cvtss_f32(m);
+  y[1] = h2f(qb[0] | (qb[1] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(s)) - h2f(qb[2] | (qb[3] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(m));
+}
+
 // WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2): the rows share each
 // activation register. A row's int16 sums of a step (4 blocks) widen by one madd to two
 // int32 lanes per block; rows 2j and 2j+1 then meet by blends and one in-lane swap
@@ -194,6 +235,17 @@ void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const f
   for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
 }
 
+void rows_dot_d4_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  const size_t ahead = 8 * rb;  // the same blocks 8 rows on (the next row group)
+  size_t r = 0;
+  for (; r + 2 <= nr; r += 2) d4_pair(q + r * rb, q + (r + 1) * rb, nb, xp, y + r, ahead);
+  if (r < nr) {
+    float two[2];
+    d4_pair(q + r * rb, q + r * rb, nb, xp, two, ahead);
+    y[r] = two[0];
+  }
+}
+
 void rows_dot_wr_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   const size_t ahead = 8 * rb;  // the same group 8 rows on (the next row group)
   size_t r = 0;
@@ -222,6 +274,7 @@ void row_dot_d4_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 }
 void rows_dot_wq_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 void rows_dot_wr_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void rows_dot_d4_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif
