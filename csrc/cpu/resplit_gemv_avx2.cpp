@@ -62,7 +62,8 @@ template <int M>
 RMOE_INLINE __m256 wr_pair_group(const uint8_t* ga, const uint8_t* gb, const float* xb, __m256 tot) {
   constexpr int W = 2 * M + 1;
   const __m256i ones16 = _mm256_set1_epi16(1), eight = _mm256_set1_epi32(8);
-  const __m256i shifts[2] = {_mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12)};
+  const __m256i shifts = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12);
+  const __m256i half[2] = {_mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3), _mm256_setr_epi32(4, 5, 4, 5, 6, 7, 6, 7)};
   const __m256 t8 = _mm256_loadu_ps(kWrTable);
   __m256i la[2][3], lb[2][3];
   wr_levels<M, false>(ga, la);
@@ -72,7 +73,10 @@ RMOE_INLINE __m256 wr_pair_group(const uint8_t* ga, const uint8_t* gb, const flo
     uint16_t wa, wb;
     std::memcpy(&wa, ga + 8 * W + 2 * p, 2);
     std::memcpy(&wb, gb + 8 * W + 2 * p, 2);
-    const __m256i words = _mm256_set1_epi64x((long long)(wa | ((uint64_t)wb << 32)));  // lanes A, B, A, B, ...
+    // lanes [A s0, B s0, A s1, B s1, A s2, B s2, A s3, B s3]
+    const __m256i k = _mm256_srlv_epi32(_mm256_set1_epi64x((long long)(wa | ((uint64_t)wb << 32))), shifts);
+    const __m256i e = _mm256_slli_epi32(_mm256_and_si256(k, eight), 21);
+    const __m256 sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(t8, k)), e));
     for (int h = 0; h < 2; ++h) {
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x) + h);
       const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(la[h][p], xq), ones16);
@@ -80,10 +84,8 @@ RMOE_INLINE __m256 wr_pair_group(const uint8_t* ga, const uint8_t* gb, const flo
       const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 + 8 * h));  // -9 * sum x per 4
       const __m256i ab = _mm256_add_epi32(_mm256_add_epi32(_mm256_blend_epi32(a, b, 0xAA), _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xAA), 0xB1)),
                                           _mm256_add_epi32(c, _mm256_shuffle_epi32(c, 0xB1)));
-      const __m256i k = _mm256_srlv_epi32(words, shifts[h]);
-      const __m256i e = _mm256_slli_epi32(_mm256_and_si256(k, eight), 21);
-      const __m256 sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(t8, k)), e));
-      tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sc, _mm256_loadu_ps(x + 16 + 8 * h)), tot);
+      const __m256 sch = _mm256_permutevar8x32_ps(sc, half[h]);  // sub-blocks 2h, 2h + 1 in the lanes of ab
+      tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sch, _mm256_loadu_ps(x + 16 + 8 * h)), tot);
     }
   }
   return tot;
