@@ -82,8 +82,9 @@ RMOE_INLINE __m256 wr_pair_group(const uint8_t* ga, const uint8_t* gb, const flo
       const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(la[h][p], xq), ones16);
       const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(lb[h][p], xq), ones16);
       const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 + 8 * h));  // -9 * sum x per 4
-      const __m256i ab = _mm256_add_epi32(_mm256_add_epi32(_mm256_blend_epi32(a, b, 0xAA), _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xAA), 0xB1)),
-                                          _mm256_add_epi32(c, _mm256_shuffle_epi32(c, 0xB1)));
+      const __m256i pair = _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xAA),
+                                            _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xAA), 0xB1));
+      const __m256i ab = _mm256_add_epi32(pair, _mm256_add_epi32(c, _mm256_shuffle_epi32(c, 0xB1)));
       const __m256 sch = _mm256_permutevar8x32_ps(sc, half[h]);  // sub-blocks 2h, 2h + 1 in the lanes of ab
       tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sch, _mm256_loadu_ps(x + 16 + 8 * h)), tot);
     }
@@ -129,7 +130,8 @@ void d4_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, f
       const uint8_t* qr = row[k] + 18 * b;
       _mm_prefetch(reinterpret_cast<const char*>(qr + ahead), _MM_HINT_T0);
       const __m128i v1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(qr + 18)) : _mm_setzero_si128();
-      const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qr))), v1, 1);
+      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qr));
+      const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(v0), v1, 1);
       const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
       p[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)), ones16);
       w[0] |= (uint64_t)(qr[16] | qr[17] << 8) << (32 * k);
@@ -139,14 +141,15 @@ void d4_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, f
                                         _mm256_shuffle_epi32(_mm256_blend_epi32(p[1], p[0], 0xAA), 0xB1));
     const __m256i sm = _mm256_set_epi64x((long long)w[1], (long long)w[1], (long long)w[0], (long long)w[0]);
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(sm, lo8)), mn = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 8));
-    tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sc, _mm256_loadu_ps(g + 32)), tot);  // sx: lanes of block
+    tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(sc, _mm256_loadu_ps(g + 32)), tot);  // sx per block
     totm = _mm256_fmadd_ps(mn, _mm256_moveldup_ps(_mm256_loadu_ps(g + 48)), totm);  // lane 4b: sx_b * sum(x_b)
   }
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(tot), _mm256_extractf128_ps(tot, 1));  // [A, B, A, B]
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   const __m128 m = _mm_add_ps(_mm256_castps256_ps128(totm), _mm256_extractf128_ps(totm, 1));  // [A, B, 0, 0]
-  y[0] = h2f(qa[0] | (qa[1] << 8)) * _mm_cvtss_f32(s) - h2f(qa[2] | (qa[3] << 8)) * _mm_cvtss_f32(m);
-  y[1] = h2f(qb[0] | (qb[1] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(s)) - h2f(qb[2] | (qb[3] << 8)) * _mm_cvtss_f32(_mm_movehdup_ps(m));
+  s = _mm_movelh_ps(s, m);  // [sum A, sum B, min A, min B]
+  y[0] = h2f(qa[0] | (qa[1] << 8)) * s[0] - h2f(qa[2] | (qa[3] << 8)) * s[2];
+  y[1] = h2f(qb[0] | (qb[1] << 8)) * s[1] - h2f(qb[2] | (qb[3] << 8)) * s[3];
 }
 
 // WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2): the rows share each
@@ -224,7 +227,8 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
     step(b, src);
   }
   // tot[j]: [row 2j, 2j+1, 2j, 2j+1 | ...]
-  const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(tot[0], tot[1], 0x20), _mm256_permute2f128_ps(tot[0], tot[1], 0x31));
+  const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(tot[0], tot[1], 0x20),
+                                 _mm256_permute2f128_ps(tot[0], tot[1], 0x31));
   alignas(32) float out[8];
   _mm256_store_ps(out, s);
   const float rows4[4] = {out[0] + out[2], out[1] + out[3], out[4] + out[6], out[5] + out[7]};

@@ -181,8 +181,8 @@ inline __m256i spread32(const uint8_t* p) {
   const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.mul)));
   const __m256i mask = _mm256_set1_epi16((1 << W) - 1);
   auto codes16 = [&](int c) {  // 16-bit lanes: the 8 codes of chunk c | chunk c + 2
-    const __m256i ctl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.ctl[c])));
-    return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(v, ctl), mul), mask);
+    const __m128i ctl = _mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.ctl[c]));
+    return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(ctl)), mul), mask);
   };
   // packus takes 128-bit lanes pairwise: chunks (0 | 2) and (1 | 3) give bytes 0-7, 8-15 | 16-23, 24-31
   return _mm256_packus_epi16(codes16(0), codes16(1));
