@@ -115,6 +115,20 @@ def check_all(seed=0):
             az = z_x if kernels.isa_info()["wq_z"] else ax
             y = kernels.resplit_expert_matmul(fmt, q, in_dim, ids, xs, counts, z=True)
             close(y, np.stack([dense[e] @ az(xs[i]) for i, e in enumerate(owner)]))
+    # decode GEMV (one token) over every row count of a row group (rows taken 4 or 2 at a
+    # time, the last ones alone) and every tail of blocks (WQ steps of 4 blocks, WR groups
+    # of 3, D4 pairs)
+    for fmt, in_dims in (("wq", (96, 160, 224, 256, 300)), ("wr", (128, 192, 256)), ("d4", (64, 96, 160))):
+        for in_dim in in_dims:
+            w = (rng.standard_normal((2, 9, in_dim)) * 0.1).astype(np.float32)
+            q = kernels.resplit_quantize_wq_wr(w)[1] if fmt == "wr" else kernels.resplit_quantize(fmt, w)
+            ax = wr_x if fmt == "wr" else wq_x
+            for rows in range(1, 10):
+                qr = np.ascontiguousarray(q[:, :rows])
+                dense = o.dequantize(fmt, qr, in_dim).astype(np.float64)
+                x = rng.standard_normal((2, in_dim)).astype(np.float32)
+                y = kernels.resplit_expert_matmul(fmt, qr, in_dim, np.array([1, 0], np.int32), x)
+                close(y, np.stack([dense[e] @ ax(x[s]) for s, e in enumerate((1, 0))]))
     E, H, F, T, k = 6, 128, 96, 5, 3
     L = make_layer(rng, E, H, F)
     x = rng.standard_normal((T, H)).astype(np.float32)

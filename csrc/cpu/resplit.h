@@ -89,6 +89,9 @@ using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb,
 RowsDotFn rows_dot_fn(Fmt fmt);
 void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 void rows_dot_wq_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
+void rows_dot_wq_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // no AVX-VNNI
+void rows_dot_wr_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // + AVX-512 w/o VBMI
+void rows_dot_d4_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // no AVX-VNNI
 // Non-critical experts' rows outside the int8 GEMM (all of decode) run WQ on coarser
 // "z" activations where AVX-512 VNNI or AVX2 + AVX-VNNI is (wq_z_acts()): per 32 values
 // sx = max|x|/31, xq = rint(x/sx) (6 bits), stored as z_j = 3 xq_j - xq_{j-1} over the

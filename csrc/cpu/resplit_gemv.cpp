@@ -269,8 +269,13 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
   static const bool avxvnni = active_isa() == Isa::Avx2 && cpu_features().avxvnni;
   if (fmt == Fmt::WQ && vnni) return rows_dot_wq_avx512;
   if (fmt == Fmt::WQ && avxvnni) return rows_dot_wq_avxvnni;
+  if (fmt == Fmt::WQ && active_isa() == Isa::Avx2) return rows_dot_wq_avx2;
   if (fmt == Fmt::WR && vbmi_kernels()) return rows_dot_wr_vbmi;
+  // AVX2 without AVX-VNNI, and AVX-512 without VBMI (whose WR tiles are the AVX2 ones)
+  static const bool wr_avx2 = active_isa() == Isa::Avx512 || (active_isa() == Isa::Avx2 && !cpu_features().avxvnni);
+  if (fmt == Fmt::WR && wr_avx2) return rows_dot_wr_avx2;
   if (fmt == Fmt::D4 && vbmi_kernels()) return rows_dot_d4_vbmi;
+  if (fmt == Fmt::D4 && active_isa() == Isa::Avx2 && !avxvnni) return rows_dot_d4_avx2;
 #endif
   (void)fmt;
   return nullptr;

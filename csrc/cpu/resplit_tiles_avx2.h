@@ -28,10 +28,24 @@ RMOE_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 // is (v > -43) + (v > 42), two signed compares. Digits (0..2) times int8 x by
 // maddubs (pairs <= 2*2*127); a token's 5 digit products sum in int16 (<= 2540)
 // before one madd widens them (with VNNI: vpdpbusd into int32).
+struct WqDigits {
+  __m256i c1 = _mm256_set1_epi8(-43), c2 = _mm256_set1_epi8(42);
+  // Hidden from the compiler, which would otherwise rewrite v > -43 as min(v, -42) == -42.
+  WqDigits() { __asm__("" : "+x"(c1), "+x"(c2)); }
+  // The digit of states v, then v <- the next states.
+  RMOE_INLINE __m256i next(__m256i& v) const {
+    const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(v, c1)),
+                                      _mm256_cmpgt_epi8(v, c2));
+    v = _mm256_add_epi8(v, _mm256_add_epi8(v, v));
+    return d;
+  }
+};
+
 template <int NT, bool VNNI>
 void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
   const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
-  const __m256i bias = _mm256_set1_epi8((char)0x80), c1 = _mm256_set1_epi8(-43), c2 = _mm256_set1_epi8(42);
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  const WqDigits digits;
   const __m256i ones16 = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi32(0xF), hi8 = _mm256_set1_epi32(0x7F80);
   __m256 tot[NT];
   for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
@@ -54,9 +68,7 @@ void wq_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const size_t half = (b % 8) / 4;  // blocks 0-3 or 4-7 of the 8-block group
     __m256i acc[NT];  // int16 pair sums (VNNI: int32 sums)
     for (int i = 0; i < 5; ++i) {
-      const __m256i d = _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(v, c1)),
-                                        _mm256_cmpgt_epi8(v, c2));
-      v = _mm256_add_epi8(v, _mm256_add_epi8(v, v));
+      const __m256i d = digits.next(v);
       for (int t = 0; t < NT; ++t) {
         const __m256i x = _mm256_loadu_si256((const __m256i*)(g + t * xs + 16 * i + 8 * half));
         if constexpr (VNNI) {
@@ -117,22 +129,26 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
 
 // WR on int8 activations (prep_wr_q8). Per group: the 64 codes, spread to one byte
 // each (spread32 / spread32_scalar), split into base-5 digits with 16-bit high multiplies
-// (floor(c/5) = (c * 13108) >> 16 for c < 128), levels 4L+9 by pshufb, then u8 x s8
-// pair sums (at most 2 * 18 * 127, no saturation) to int32 lanes of 4 weights:
-// lanes 0-3 and 4-7 of a half are its two 16-weight sub-blocks, one scale each.
+// (digits3), levels 4L+9 by pshufb, then u8 x s8 pair sums (at most 2 * 18 * 127, no
+// saturation) to int32 lanes of 4 weights: lanes 0-3 and 4-7 of a half are its two
+// 16-weight sub-blocks, one scale each.
 
-// Where code i (0-7) of an 8-code chunk of W-bit codes lies: its two bytes into one
-// 16-bit lane (pshufb control), and 2^(8 - its bit offset), which (times the lane,
-// then >> 8) brings the code to bit 0.
+// Where code i (0-7) of an 8-code chunk of W-bit codes lies, for a chunk at byte `base`
+// of a 128-bit lane: the bytes into one 16-bit lane (pshufb control) and 2^(16 - bit
+// offset), whose high multiply brings the code to bit 0 (offset 0: the byte goes to the
+// high half and 2^8 brings it down).
 template <int W>
 struct SpreadTab {
-  alignas(16) int8_t ctl[16] = {};
-  alignas(16) int16_t mul[8] = {};
+  alignas(16) int8_t ctl[2][16] = {};  // chunk at byte 0 / at byte W of the lane
+  alignas(16) uint16_t mul[8] = {};
   constexpr SpreadTab() {
     for (int i = 0; i < 8; ++i) {
-      ctl[2 * i] = (int8_t)((W * i) >> 3);
-      ctl[2 * i + 1] = (int8_t)(((W * i) >> 3) + 1);
-      mul[i] = (int16_t)(1 << (8 - (W * i) % 8));
+      const int byte = (W * i) >> 3, off = (W * i) % 8;
+      for (int c = 0; c < 2; ++c) {
+        ctl[c][2 * i] = (int8_t)(off ? W * c + byte : -128);
+        ctl[c][2 * i + 1] = (int8_t)(W * c + byte + (off ? 1 : 0));
+      }
+      mul[i] = (uint16_t)(off ? 1 << (16 - off) : 1 << 8);
     }
   }
 };
@@ -151,17 +167,25 @@ inline __m128i chunk(const uint8_t* p) {  // the bytes of 8 codes: 4 for W = 3, 
 }
 
 // 32 codes of W bits (chunks of 8 at p, p + W, p + 2W, p + 3W) -> 32 bytes in order.
+// Lane 0 holds chunks 0, 1 and lane 1 chunks 2, 3: 16-byte loads inside a full group,
+// chunk loads in the shorter last group (no byte past the row is read).
 template <int W>
 inline __m256i spread32(const uint8_t* p) {
-  const __m256i ctl = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.ctl)));
+  __m256i v;
+  if constexpr (W == 7) {
+    v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 2 * W), reinterpret_cast<const __m128i*>(p));
+  } else {  // chunk c + 1 shifted in after chunk c (the bytes both loads hold agree)
+    auto two = [&](const uint8_t* c) { return _mm_or_si128(chunk<W>(c), _mm_slli_si128(chunk<W>(c + W), W)); };
+    v = _mm256_set_m128i(two(p + 2 * W), two(p));
+  }
   const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.mul)));
   const __m256i mask = _mm256_set1_epi16((1 << W) - 1);
-  auto codes16 = [&](__m128i first, __m128i second) {  // 16-bit lanes: 8 codes of each chunk
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(second, first), ctl);
-    return _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(v, mul), 8), mask);
+  auto codes16 = [&](int c) {  // 16-bit lanes: the 8 codes of chunk c | chunk c + 2
+    const __m128i ctl = _mm_load_si128(reinterpret_cast<const __m128i*>(kSpread<W>.ctl[c]));
+    return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(ctl)), mul), mask);
   };
-  // packus takes 128-bit lanes pairwise: (chunks 0, 2) and (1, 3) give bytes 0-7, 8-15 | 16-23, 24-31
-  return _mm256_packus_epi16(codes16(chunk<W>(p), chunk<W>(p + 2 * W)), codes16(chunk<W>(p + W), chunk<W>(p + 3 * W)));
+  // packus takes 128-bit lanes pairwise: chunks (0 | 2) and (1 | 3) give bytes 0-7, 8-15 | 16-23, 24-31
+  return _mm256_packus_epi16(codes16(0), codes16(1));
 }
 
 constexpr uint64_t lo(int bits) { return (1ull << bits) - 1; }
@@ -188,45 +212,54 @@ inline __m256i spread32_scalar(const uint8_t* p) {
                             (long long)spread8<W>(p + 3 * W));
 }
 
-inline __m256i div5_u8(__m256i c) {  // bytes < 128 -> floor(c / 5)
-  const __m256i k = _mm256_set1_epi16(13108), lo8 = _mm256_set1_epi16(0xFF);
-  const __m256i ql = _mm256_mulhi_epu16(_mm256_and_si256(c, lo8), k);
-  const __m256i qh = _mm256_mulhi_epu16(_mm256_srli_epi16(c, 8), k);
-  return _mm256_or_si256(ql, _mm256_slli_epi16(qh, 8));
+// Codes (bytes < 125) -> base-5 digits d[0..2]. floor(c/5) and floor(c/25) by 16-bit high
+// multiplies, even bytes in place; odd bytes are taken as c * 256, whose product has the
+// quotient in its high byte. Times 5 by a 16-bit multiply (5q < 256: no carry between bytes).
+RMOE_INLINE void digits3(__m256i c, __m256i d[3]) {
+  const __m256i k5 = _mm256_set1_epi16(13108), k25 = _mm256_set1_epi16(2622), five = _mm256_set1_epi16(5);
+  const __m256i lo8 = _mm256_set1_epi16(0xFF), hi8 = _mm256_set1_epi16((short)0xFF00);
+  const __m256i lo = _mm256_and_si256(c, lo8), hi = _mm256_and_si256(c, hi8);
+  const __m256i q1 = _mm256_or_si256(_mm256_mulhi_epu16(lo, k5), _mm256_and_si256(_mm256_mulhi_epu16(hi, k5), hi8));
+  const __m256i q2 = _mm256_or_si256(_mm256_mulhi_epu16(lo, k25), _mm256_and_si256(_mm256_mulhi_epu16(hi, k25), hi8));
+  d[0] = _mm256_sub_epi8(c, _mm256_mullo_epi16(q1, five));
+  d[1] = _mm256_sub_epi8(q1, _mm256_mullo_epi16(q2, five));
+  d[2] = q2;
 }
 
-inline __m256i times5_u8(__m256i q) {  // q <= 25: q << 2 stays inside its byte
-  return _mm256_add_epi8(q, _mm256_slli_epi16(q, 2));
+// The levels 4L+9 of a group's M blocks: lv[h][p] = block p, codes 32h..32h+31. SCALAR:
+// spread the codes with scalar shifts (spread32_scalar), which run beside the vector work
+// where that work fills the vector ports.
+template <int M, bool SCALAR>
+RMOE_INLINE void wr_levels(const uint8_t* q, __m256i lv[2][3]) {
+  constexpr int W = 2 * M + 1;
+  const __m256i ltab = _mm256_setr_epi8(0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i c = SCALAR ? spread32_scalar<W>(q + 4 * W * h) : spread32<W>(q + 4 * W * h);
+    __m256i dig[3];
+    digits3(c, dig);
+    for (int p = 0; p < M; ++p) lv[h][p] = _mm256_shuffle_epi8(ltab, dig[p]);
+  }
 }
 
 template <int NT, int M, bool VNNI>
 inline __attribute__((always_inline)) void wr_group(const uint8_t* q, float D4, const float* xp, size_t xs,
                                                     __m256* tot) {
   constexpr int W = 2 * M + 1;
-  const __m256i ltab = _mm256_setr_epi8(0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                        0, 5, 9, 13, 18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  __m256i dig[2][3];  // [half: codes 0-31 / 32-63][digit position]
-  for (int h = 0; h < 2; ++h) {
-    // one token: the vector ports have room for the spread; tiles of tokens keep them
-    // busy, and the scalar spread runs beside them
-    const __m256i c = NT == 1 ? spread32<W>(q + 4 * W * h) : spread32_scalar<W>(q + 4 * W * h);
-    const __m256i q1 = div5_u8(c), q2 = div5_u8(q1);
-    dig[h][0] = _mm256_sub_epi8(c, times5_u8(q1));
-    dig[h][1] = _mm256_sub_epi8(q1, times5_u8(q2));
-    dig[h][2] = q2;
-  }
+  __m256i lv[2][3];  // [half: codes 0-31 / 32-63][block]
+  // one token: the vector ports have room for the spread; tiles of tokens keep them busy
+  wr_levels<M, NT != 1>(q, lv);
   for (int p = 0; p < M; ++p) {
     const uint32_t word = q[8 * W + 2 * p] | ((uint32_t)q[8 * W + 2 * p + 1] << 8);
     float s[4];
     for (int k = 0; k < 4; ++k) s[k] = D4 * kWrTable[(word >> (4 * k)) & 0xF];
     for (int h = 0; h < 2; ++h) {
-      const __m256i lv = _mm256_shuffle_epi8(ltab, dig[h][p]);
       const __m256 sc = _mm256_setr_m128(_mm_set1_ps(s[2 * h]), _mm_set1_ps(s[2 * h + 1]));
       const float* xb = xp + 48 * p;
       for (int t = 0; t < NT; ++t) {
         const float* xt = xb + t * xs;
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt) + h);
-        const __m256i acc = dot4<VNNI>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + 32 + 8 * h)), lv, xq);
+        const __m256i acc = dot4<VNNI>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + 32 + 8 * h)), lv[h][p], xq);
         tot[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sc, _mm256_loadu_ps(xt + 16 + 8 * h)), tot[t]);
       }
     }
