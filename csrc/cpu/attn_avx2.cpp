@@ -1,6 +1,6 @@
 // attn_cached's pieces with AVX2 + FMA + F16C (called only where isa.cpp allows AVX2):
-// cache rows to f32 tiles, dot products of 8 lanes, e^x as Cephes expf (within 2 ulp of
-// std::exp, as silu_mul_avx512), and the weighted sum of values.
+// cache rows to f32 tiles, dot products of 8 lanes, e^x (simd.h's exp8_ps), and the
+// weighted sum of values.
 #include "attn.h"
 
 #if RMOE_X86
@@ -22,24 +22,6 @@ inline float dot8(const float* a, const float* b, size_t n) {
   float t = hsum8(s);
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
-}
-
-// e^x for x <= 0 (softmax after subtracting the maximum).
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-100.f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x));
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // 2^k by the exponent bits (k >= -145 here; below -126 the result flushes to 0, as e^x underflows)
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  const __m256 two_k = _mm256_and_ps(_mm256_castsi256_ps(e), _mm256_cmp_ps(k, _mm256_set1_ps(-126.f), _CMP_GE_OQ));
-  return _mm256_mul_ps(p, two_k);
 }
 
 }  // namespace
@@ -111,7 +93,7 @@ float kv_exp_avx2(float* p, size_t n, float m) {
   const __m256 m8 = _mm256_set1_ps(m);
   size_t t = 0;
   for (; t + 8 <= n; t += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), m8));
+    const __m256 e = exp8_ps(_mm256_sub_ps(_mm256_loadu_ps(p + t), m8));
     _mm256_storeu_ps(p + t, e);
     acc = _mm256_add_ps(acc, e);
   }

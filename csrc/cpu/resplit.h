@@ -193,6 +193,7 @@ int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels
 // h[i] = silu(g[i]) * u[i] (the ISA path in use; the AVX-512 exp is within 2 ulp of std::exp).
 void silu_mul(const float* g, const float* u, size_t n, float* h);
 void silu_mul_avx512(const float* g, const float* u, size_t n, float* h);
+void silu_mul_avx2(const float* g, const float* u, size_t n, float* h);
 
 // The split execution of one MoE layer on the CPU.
 // x [T,H]; ids, weights [T,k]; ncrit [T]: slots j < ncrit[t] are critical.

@@ -283,8 +283,9 @@ RowsDotFn rows_dot_fn(Fmt fmt) {
 
 void silu_mul(const float* g, const float* u, size_t n, float* h) {
 #if RMOE_X86
-  static const bool avx512 = active_isa() == Isa::Avx512;
-  if (avx512) return silu_mul_avx512(g, u, n, h);
+  static const Isa isa = active_isa();
+  if (isa == Isa::Avx512) return silu_mul_avx512(g, u, n, h);
+  if (isa == Isa::Avx2) return silu_mul_avx2(g, u, n, h);
 #endif
   for (size_t i = 0; i < n; ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }

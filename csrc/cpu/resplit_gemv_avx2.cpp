@@ -9,6 +9,7 @@
 
 #include "resplit_tiles_avx2.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace rmoe {
@@ -263,6 +264,18 @@ void rows_dot_wr_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const f
   }
 }
 
+// h = silu(g) * u = g / (1 + e^-g) * u, e^x by simd.h's exp8_ps (as silu_mul_avx512's).
+void silu_mul_avx2(const float* g, const float* u, size_t n, float* h) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = exp8_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 }  // namespace resplit
 }  // namespace rmoe
 
@@ -281,6 +294,7 @@ void row_dot_d4_avx2(const uint8_t* q, size_t nb, const float* xp, size_t xs, si
 void rows_dot_wq_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 void rows_dot_wr_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
 void rows_dot_d4_avx2(const uint8_t*, size_t, size_t, size_t, const float*, float*) {}
+void silu_mul_avx2(const float*, const float*, size_t, float*) {}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

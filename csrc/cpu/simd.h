@@ -21,6 +21,26 @@ RMOE_INLINE float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// e^x as Cephes expf (x = k ln2 + r, ln2 split in two, a degree-6 polynomial in r, times
+// 2^k by the exponent bits): within 2 ulp of std::exp. x is clamped to [-100, 88.7]: e^x
+// overflows to inf near the top as expf does, and flushes to 0 below 2^-126.
+RMOE_INLINE __m256 exp8_ps(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-100.f)), _mm256_set1_ps(88.7f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // 2^k (k <= 128 here: 2^128 is inf's bit pattern; k < -126 flushes to 0)
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  const __m256 two_k = _mm256_and_ps(_mm256_castsi256_ps(e), _mm256_cmp_ps(k, _mm256_set1_ps(-126.f), _CMP_GE_OQ));
+  return _mm256_mul_ps(p, two_k);
+}
+
 // IEEE half bits (low 16 bits of h) -> float, exact.
 RMOE_INLINE float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
 
