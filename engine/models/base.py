@@ -7,10 +7,10 @@ import torch
 
 from .. import kernels
 from ..config import ModelConfig
+from ..kv_types import DEFAULT_KV_TYPE
 from ..moe.block import MoEFFN
 from ..moe.router import RouterSpec
 from ..weights import Weights
-from ..kv_types import DEFAULT_KV_TYPE
 from .common import KVCache, Rope, default_kq_scale, embed, linear, rms_norm
 from .experts_loader import load_experts
 
