@@ -242,26 +242,27 @@ void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const f
   for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
 }
 
-void rows_dot_d4_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+namespace {
+// Rows two at a time through a pair kernel; an odd last row runs paired with itself.
+template <class Pair>
+void rows_in_pairs(Pair pair, const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   const size_t ahead = 8 * rb;  // the same blocks 8 rows on (the next row group)
   size_t r = 0;
-  for (; r + 2 <= nr; r += 2) d4_pair(q + r * rb, q + (r + 1) * rb, nb, xp, y + r, ahead);
+  for (; r + 2 <= nr; r += 2) pair(q + r * rb, q + (r + 1) * rb, nb, xp, y + r, ahead);
   if (r < nr) {
     float two[2];
-    d4_pair(q + r * rb, q + r * rb, nb, xp, two, ahead);
+    pair(q + r * rb, q + r * rb, nb, xp, two, ahead);
     y[r] = two[0];
   }
 }
+}  // namespace
+
+void rows_dot_d4_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  rows_in_pairs(d4_pair, q, rb, nr, nb, xp, y);
+}
 
 void rows_dot_wr_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
-  const size_t ahead = 8 * rb;  // the same group 8 rows on (the next row group)
-  size_t r = 0;
-  for (; r + 2 <= nr; r += 2) wr_pair(q + r * rb, q + (r + 1) * rb, nb, xp, y + r, ahead);
-  if (r < nr) {
-    float two[2];
-    wr_pair(q + r * rb, q + r * rb, nb, xp, two, ahead);
-    y[r] = two[0];
-  }
+  rows_in_pairs(wr_pair, q, rb, nr, nb, xp, y);
 }
 
 // h = silu(g) * u = g / (1 + e^-g) * u, e^x by simd.h's exp8_ps (as silu_mul_avx512's).
