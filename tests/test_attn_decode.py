@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from isa_paths import run_on_path
+
 from rapidmoe.engine import kernels
 from rapidmoe.engine.models.common import Rope, attend, rms_norm
 
@@ -71,15 +73,5 @@ def test_attn_decode_rejects_bad_input():
 
 def test_attn_decode_scalar_path():
     # the portable loops (no AVX2) against the same reference, in a process forced to scalar
-    import os
-    import subprocess
-    import sys
-
-    code = ("import sys; sys.path.insert(0, %r); import test_attn_decode as t; "
-            "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == 'scalar'; "
-            "t.test_attn_decode_matches_torch_path(6, 3, 24, 40, 24, 'norm', True, 300); "
-            "t.test_attn_decode_matches_torch_path(8, 1, 20, 20, 12, 'neox', False, 37); print('ok')"
-            % os.path.dirname(__file__))
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA="scalar"),
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+    run_on_path("test_attn_decode", "t.test_attn_decode_matches_torch_path(6, 3, 24, 40, 24, 'norm', True, 300); "
+                "t.test_attn_decode_matches_torch_path(8, 1, 20, 20, 12, 'neox', False, 37)", timeout=120)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from isa_paths import run_on_path
+
 from rapidmoe.engine import kernels
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.kv_cache import KVRows
@@ -98,16 +100,10 @@ def test_mla_values_are_the_leading_part_of_the_key_rows(kv_type, S, T):
 
 def test_attn_cached_scalar_path():
     # the portable loops (no AVX2) against the same references, in a process forced to scalar
-    code = ("import sys; sys.path.insert(0, %r); import test_kv_cache as t; "
-            "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == 'scalar'; "
-            "[t._attn_case(k, *c) for k in t.KV_TYPES for c in t.CASES[1::2]]; "
-            "t.test_mla_values_are_the_leading_part_of_the_key_rows('q8_0', 3000, 1); "
-            "t.test_mla_values_are_the_leading_part_of_the_key_rows('f16', 200, 9); "
-            "[t.test_kernel_store_writes_the_same_bytes_as_the_torch_path(k) for k in t.KV_TYPES]; print('ok')"
-            % os.path.dirname(__file__))
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA="scalar"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+    run_on_path("test_kv_cache", "[t._attn_case(k, *c) for k in t.KV_TYPES for c in t.CASES[1::2]]; "
+                "t.test_mla_values_are_the_leading_part_of_the_key_rows('q8_0', 3000, 1); "
+                "t.test_mla_values_are_the_leading_part_of_the_key_rows('f16', 200, 9); "
+                "[t.test_kernel_store_writes_the_same_bytes_as_the_torch_path(k) for k in t.KV_TYPES]")
 
 
 def test_attn_cached_refuses_bad_input():
