@@ -96,6 +96,8 @@ def _cases():
     z[2, :70] = -1.0
     yield "flat", z
     yield "1408", (rng.standard_t(4, (6, 1408)) * 0.02).astype(np.float32)
+    # weights on a 4-bit grid, as a K-quant source dequantizes: many equal values per block
+    yield "grid", (rng.integers(-8, 8, (4, 256)) * 0.0125).astype(np.float32)
 
 
 @pytest.mark.parametrize("name,w", list(_cases()), ids=[c[0] for c in _cases()])
@@ -147,7 +149,8 @@ def test_quantizers_same_bytes_on_every_isa_path(isa):
             "assert kernels.isa_info()['active'] == %r; "
             "ok = all(np.array_equal(a, b) for _, w in t._cases() for a, b in "
             "zip(kernels.resplit_quantize_wq_wr(w), o.quantize_wq_wr(w))); "
-            "ok = ok and all(np.array_equal(kernels.resplit_quantize('d4', w), o.quantize_d4(w)) for _, w in t._cases()); "
+            "ok = ok and all(np.array_equal(kernels.resplit_quantize(f, w), getattr(o, 'quantize_' + f)(w)) "
+            "for _, w in t._cases() for f in ('wq', 'd4')); "
             "print('same' if ok else 'differ')"
             % (os.path.dirname(__file__), isa))
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RAPIDMOE_ISA=isa),

@@ -27,7 +27,6 @@ namespace {
 // max|w|, then the best one -0.05 and +0.05. Sub-scales: coarse codes, then around the best.
 float wq_frac(int i, double df) { return (float)(0.3 + 0.1 * i + df); }
 constexpr int kWqFracs = 7;
-constexpr int kKCoarse[4] = {1, 5, 9, 13};
 constexpr float kWrLevels[5] = {-2.25f, -1.0f, 0.0f, 1.0f, 2.25f};
 constexpr float kWrDiv = 8.0f;
 
@@ -53,8 +52,9 @@ void sort32_desc(float* a) {
       }
 }
 
-// Least-squares ternary scale of 32 weights: max over k of (top-k sum)^2 / k.
-float wq_alone_scale(const float* x) {
+}  // namespace
+
+float wq_alone_scale_scalar(const float* x) {
   float a[32];
   for (int j = 0; j < 32; ++j) a[j] = std::fabs(x[j]);
   sort32_desc(a);
@@ -67,6 +67,8 @@ float wq_alone_scale(const float* x) {
   }
   return best_d;
 }
+
+namespace {
 
 // Divisions are written as products with a reciprocal (also in the oracle): the
 // joint search evaluates ~250 candidates per weight.
@@ -88,13 +90,23 @@ void pack_wq(const float* t, uint32_t code, uint8_t* out) {
   out[7] = (uint8_t)(code >> 4);
 }
 
-BlockScoresFn block_scores_fn() {
-  static const Isa isa = active_isa();
+// The joint search's kernels for the CPU path in use (AVX-512 CPUs take the AVX2
+// encoder and sort: they have AVX2, and these are not width-bound).
+struct JointSearch {
+  BlockBestFn block_best;
+  HalfEncodeFn half_encode;
+  WqAloneFn wq_alone;
+};
+const JointSearch& joint_search() {
+  static const JointSearch fns = [] {
+    const Isa isa = active_isa();
 #if RMOE_X86
-  if (isa == Isa::Avx512) return block_scores_avx512;
-  if (isa == Isa::Avx2) return block_scores_avx2;
+    if (isa == Isa::Avx512) return JointSearch{block_best_avx512, half_encode_avx2, wq_alone_scale_avx2};
+    if (isa == Isa::Avx2) return JointSearch{block_best_avx2, half_encode_avx2, wq_alone_scale_avx2};
 #endif
-  return block_scores_scalar;
+    return JointSearch{block_best_scalar, half_encode_scalar, wq_alone_scale_scalar};
+  }();
+  return fns;
 }
 
 // WR level digit (0..4) of z: the scalar twin of the SIMD compare chain.
@@ -110,8 +122,9 @@ inline void two_cells(float x, float dq, float iq, float* t0, float* t1) {
   *t1 = clampf(*t0 + (x - dq * *t0 < 0.f ? -1.f : 1.f), -1.f, 1.f);
 }
 
-// Final choice for 16 weights given dq and dr: ternary cell and WR digit per weight.
-void half_encode(const float* xs, float dq, float dr, float* t, int* dig) {
+}  // namespace
+
+void half_encode_scalar(const float* xs, float dq, float dr, float* t, int* dig) {
   const float inv = dr > 0.f ? 1.0f / dr : 0.f, iq = dq > 0.f ? 1.0f / dq : 0.f;
   for (int j = 0; j < 16; ++j) {
     float tc[2], best = 0.f;
@@ -126,8 +139,9 @@ void half_encode(const float* xs, float dq, float dr, float* t, int* dig) {
   }
 }
 
-// Best sub-scale code of each 16-weight half: coarse codes, then kc-2..kc+2 around
-// the best (clipped to 0..15: a repeated code scores the same and never replaces).
+namespace {
+
+// block_best over a BlockScoresFn: both halves' coarse codes in one call, then their refine codes.
 float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest) {
   int ks[8];
   float sc[8], hb[2] = {INFINITY, INFINITY};
@@ -149,6 +163,15 @@ float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest
 }
 
 }  // namespace
+
+float block_best_scalar(const float* x, float dq, const WrScales& ws, int* kbest) {
+  return block_best(block_scores_scalar, x, dq, ws.D, kbest);
+}
+#if RMOE_X86
+float block_best_avx512(const float* x, float dq, const WrScales& ws, int* kbest) {
+  return block_best(block_scores_avx512, x, dq, ws.D, kbest);
+}
+#endif
 
 void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
   float e[2][16], m[2][16];
@@ -189,7 +212,7 @@ void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
   float x[32], t[32];
   for (size_t b = 0; b < nb; ++b) {
     for (size_t j = 0; j < 32; ++j) x[j] = 32 * b + j < n ? w[32 * b + j] : 0.f;
-    const uint32_t code = scale12_encode(wq_alone_scale(x));
+    const uint32_t code = scale12_encode(joint_search().wq_alone(x));
     tern(x, scale12_decode(code), t);
     pack_wq(t, code, out + 8 * b);
   }
@@ -205,7 +228,8 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   const uint16_t Dbits = f32_to_f16_bits(D);
   wr[0] = (uint8_t)(Dbits & 0xFF);
   wr[1] = (uint8_t)(Dbits >> 8);
-  const BlockScoresFn block_scores = block_scores_fn();
+  const JointSearch& fns = joint_search();
+  const WrScales ws = wr_scales(D);
   float t[32];
   std::vector<int> dig(nb64 * 64), kk(nb64 * 4);
   for (size_t b64 = 0; b64 < nb64; ++b64) {
@@ -221,11 +245,11 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
         const uint32_t code = scale12_encode(d);
         const float dq = scale12_decode(code);
         int k[2];
-        const float total = block_best(block_scores, x, dq, D, k);
+        const float total = fns.block_best(x, dq, ws, k);
         if (total < best) { best = total; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
         return total;
       };
-      try_scale(wq_alone_scale(x));
+      try_scale(fns.wq_alone(x));
       float cb = INFINITY;
       int ci = 0;
       for (int i = 0; i < kWqFracs; ++i) {
@@ -236,22 +260,27 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
       try_scale(am * wq_frac(ci, 0.05));
       const float dq = scale12_decode(best_code);
       for (int s = 0; s < 2; ++s)
-        half_encode(x + 16 * s, dq, D * kWrTable[best_k[s]], t + 16 * s, &dig[64 * b64 + 32 * half + 16 * s]);
+        fns.half_encode(x + 16 * s, dq, ws.dr[best_k[s]], t + 16 * s, &dig[64 * b64 + 32 * half + 16 * s]);
       kk[4 * b64 + 2 * half] = best_k[0];
       kk[4 * b64 + 2 * half + 1] = best_k[1];
       if (b < nbq) pack_wq(t, best_code, wq + 8 * b);  // WR pads to 64, WQ to 32
     }
   }
-  // WR bytes: groups of up to 3 blocks, code j = sum_p d(block p, j) * 5^p in 2m+1 bits
+  // WR bytes: groups of up to 3 blocks, code j = sum_p d(block p, j) * 5^p in 2m+1 bits,
+  // code j at bits w*j.. of the group's 64 codes (w 64-bit words, little-endian)
   uint8_t* g = wr + 2;
   for (size_t b0 = 0; b0 < nb64; b0 += 3) {
     const size_t m = std::min<size_t>(3, nb64 - b0), w = wr_code_bits(m);
-    std::memset(g, 0, 8 * w);
+    uint64_t bits[8] = {};
     for (size_t j = 0; j < 64; ++j) {
-      uint32_t c = 0;
-      for (size_t p = m; p-- > 0;) c = c * 5 + (uint32_t)dig[64 * (b0 + p) + j];
-      for (size_t i = 0; i < w; ++i) g[(w * j + i) / 8] |= (uint8_t)(((c >> i) & 1u) << ((w * j + i) % 8));
+      uint64_t c = 0;
+      for (size_t p = m; p-- > 0;) c = c * 5 + (uint64_t)dig[64 * (b0 + p) + j];
+      const size_t at = w * j, word = at / 64, sh = at % 64;
+      bits[word] |= c << sh;
+      if (sh + w > 64) bits[word + 1] |= c >> (64 - sh);
     }
+    for (size_t i = 0; i < w; ++i)
+      for (size_t b = 0; b < 8; ++b) g[8 * i + b] = (uint8_t)(bits[i] >> (8 * b));
     for (size_t p = 0; p < m; ++p) {
       const int* k = &kk[4 * (b0 + p)];
       const uint32_t sc = k[0] | (k[1] << 4) | (k[2] << 8) | (k[3] << 12);

@@ -14,62 +14,187 @@
 namespace rmoe {
 namespace resplit {
 
-void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
-  const __m256 mu = _mm256_set1_ps(kMu), half = _mm256_set1_ps(0.5f), cut = _mm256_set1_ps(1.625f);
-  const __m256 one = _mm256_set1_ps(1.0f), mone = _mm256_set1_ps(-1.0f), top = _mm256_set1_ps(2.25f);
-  const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f), dqv = _mm256_set1_ps(dq);
+namespace {
+
+constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+// The two ternary cells of 16 weights at dq (two registers of 8), as |e| and mu*e^2:
+// per weight t0 = nearest, t1 = the neighbour toward x. Levels are symmetric, so
+// (e - dr*sign(e)*L)^2 = (|e| - dr*L(|e|*inv))^2 exactly.
+struct Cells {
+  __m256 ae[2][2], m[2][2];  // [cell][lanes 0-7, 8-15]
+};
+
+inline void cells16(const float* xs, float dq, Cells& c) {
+  const __m256 one = _mm256_set1_ps(1.0f), mone = _mm256_set1_ps(-1.0f), zero = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f), mu = _mm256_set1_ps(kMu), dqv = _mm256_set1_ps(dq);
   const __m256 iq = _mm256_set1_ps(dq > 0.f ? 1.0f / dq : 0.f);
-  __m256 e[2][2], m[2][2];
   for (int h = 0; h < 2; ++h) {
-    // Two ternary cells per weight: nearest, and the neighbour toward x.
     const __m256 x = _mm256_loadu_ps(xs + 8 * h);
-    const __m256 r0 = _mm256_round_ps(_mm256_mul_ps(x, iq), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 t0 = _mm256_min_ps(_mm256_max_ps(r0, mone), one);
-    const __m256 below = _mm256_cmp_ps(_mm256_sub_ps(x, _mm256_mul_ps(dqv, t0)), zero, _CMP_LT_OQ);
+    const __m256 t0 = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(x, iq), kRound), mone), one);
+    const __m256 e0 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t0));
+    const __m256 below = _mm256_cmp_ps(e0, zero, _CMP_LT_OQ);
     const __m256 t1 = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t0, _mm256_blendv_ps(one, mone, below)), mone), one);
-    // Levels are symmetric: (e - dr*sign(e)*L)^2 = (|e| - dr*L(|e|*inv))^2 exactly.
-    const __m256 e0 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t0)), e1 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t1));
-    m[0][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e0, e0));
-    m[1][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e1, e1));
-    e[0][h] = _mm256_andnot_ps(sign, e0);
-    e[1][h] = _mm256_andnot_ps(sign, e1);
-  }
-  auto score = [&](int k) {
-    const float drs = D * kWrTable[k];
-    const __m256 dr = _mm256_set1_ps(drs), inv = _mm256_set1_ps(drs > 0.f ? 1.0f / drs : 0.f);
-    __m256 best[2] = {zero, zero};
-    for (int c = 0; c < 2; ++c)
-      for (int h = 0; h < 2; ++h) {
-        const __m256 a = _mm256_mul_ps(e[c][h], inv);  // e holds |e| here
-        __m256 v = _mm256_blendv_ps(top, one, _mm256_cmp_ps(a, cut, _CMP_LT_OQ));
-        v = _mm256_blendv_ps(v, zero, _mm256_cmp_ps(a, half, _CMP_LT_OQ));
-        const __m256 diff = _mm256_sub_ps(e[c][h], _mm256_mul_ps(dr, v));
-        const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), m[c][h]);
-        best[h] = c == 0 ? sc : _mm256_blendv_ps(best[h], sc, _mm256_cmp_ps(sc, best[h], _CMP_LT_OQ));
-      }
-    return _mm256_add_ps(best[0], best[1]);  // tree16 level 1: lanes i + (i+8)
-  };
-  // tree16 levels 2-4 for two sub-scales at once (same lane pairs as the oracle).
-  int n = 0;
-  for (; n + 2 <= nk; n += 2) {
-    const __m256 a = score(ks[n]), b = score(ks[n + 1]);
-    const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-    const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
-    const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
-    scores[n] = _mm256_cvtss_f32(s1);
-    scores[n + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
-  }
-  if (n < nk) {
-    const __m256 a = score(ks[n]);
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    scores[n] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    const __m256 e1 = _mm256_sub_ps(x, _mm256_mul_ps(dqv, t1));
+    c.m[0][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e0, e0));
+    c.m[1][h] = _mm256_mul_ps(mu, _mm256_mul_ps(e1, e1));
+    c.ae[0][h] = _mm256_andnot_ps(sign, e0);
+    c.ae[1][h] = _mm256_andnot_ps(sign, e1);
   }
 }
 
-void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* scores) {
-  half_scores_avx2(x, dq, D, ks, 4, scores);
-  half_scores_avx2(x + 16, dq, D, ks + 4, 4, scores + 4);
+// tree16 level 1 (lanes i + (i+8)) of the per-weight best score at sub-scale code k.
+// dr*L is taken from the row's products dr*0, dr (= dr*1), dr*2.25.
+inline __m256 score16(const Cells& c, const WrScales& ws, int k) {
+  const __m256 half = _mm256_set1_ps(0.5f), cut = _mm256_set1_ps(1.625f);
+  const __m256 inv = _mm256_set1_ps(ws.inv[k]);
+  const __m256 d0 = _mm256_set1_ps(ws.dr0[k]), d1 = _mm256_set1_ps(ws.dr[k]), d2 = _mm256_set1_ps(ws.dr2[k]);
+  __m256 best[2];
+  for (int t = 0; t < 2; ++t)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 a = _mm256_mul_ps(c.ae[t][h], inv);
+      __m256 drl = _mm256_blendv_ps(d2, d1, _mm256_cmp_ps(a, cut, _CMP_LT_OQ));
+      drl = _mm256_blendv_ps(drl, d0, _mm256_cmp_ps(a, half, _CMP_LT_OQ));
+      const __m256 diff = _mm256_sub_ps(c.ae[t][h], drl);
+      const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), c.m[t][h]);
+      best[h] = t == 0 ? sc : _mm256_min_ps(sc, best[h]);  // sc < best ? sc : best
+    }
+  return _mm256_add_ps(best[0], best[1]);
+}
+
+// tree16 levels 2-4 of two level-1 vectors (the oracle's lane pairs).
+inline void tree16_tail2(__m256 a, __m256 b, float* sa, float* sb) {
+  const __m256 s4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 s2 = _mm256_add_ps(s4, _mm256_permute_ps(s4, 0x4E));
+  const __m256 s1 = _mm256_add_ps(s2, _mm256_permute_ps(s2, 0xB1));
+  *sa = _mm256_cvtss_f32(s1);
+  *sb = _mm_cvtss_f32(_mm256_extractf128_ps(s1, 1));
+}
+
+// One half's best code at one dq: its cells are computed once for all eight codes.
+inline float half_best(const float* xs, float dq, const WrScales& ws, int* kbest) {
+  Cells c;
+  cells16(xs, dq, c);
+  float sc[4], hb = INFINITY;
+  int kb = 0, ks[4];
+  tree16_tail2(score16(c, ws, kKCoarse[0]), score16(c, ws, kKCoarse[1]), &sc[0], &sc[1]);
+  tree16_tail2(score16(c, ws, kKCoarse[2]), score16(c, ws, kKCoarse[3]), &sc[2], &sc[3]);
+  for (int j = 0; j < 4; ++j)
+    if (sc[j] < hb) { hb = sc[j]; kb = kKCoarse[j]; }
+  int j = 0;
+  for (int off : {-2, -1, 1, 2}) ks[j++] = std::min(15, std::max(0, kb + off));
+  tree16_tail2(score16(c, ws, ks[0]), score16(c, ws, ks[1]), &sc[0], &sc[1]);
+  tree16_tail2(score16(c, ws, ks[2]), score16(c, ws, ks[3]), &sc[2], &sc[3]);
+  for (j = 0; j < 4; ++j)
+    if (sc[j] < hb) { hb = sc[j]; kb = ks[j]; }
+  *kbest = kb;
+  return hb;
+}
+
+// Bitonic network over 32 values in four registers, descending (as the scalar
+// sort32_desc; values only, so any correct network gives the same array). No NaN.
+inline void sort32_desc(__m256* v) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), zero = _mm256_setzero_si256();
+  for (int k = 2; k <= 32; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j >= 8) {  // partner in another register; direction by register (k >= 16)
+        for (int r = 0; r < 4; ++r) {
+          const int p = r ^ (j >> 3);
+          if (p < r) continue;
+          const __m256 hi = _mm256_max_ps(v[r], v[p]), lo = _mm256_min_ps(v[r], v[p]);
+          const bool desc = ((8 * r) & k) == 0;
+          v[r] = desc ? hi : lo;
+          v[p] = desc ? lo : hi;
+        }
+        continue;
+      }
+      for (int r = 0; r < 4; ++r) {
+        const __m256 pv = j == 4   ? _mm256_permute2f128_ps(v[r], v[r], 0x01)
+                          : j == 2 ? _mm256_permute_ps(v[r], 0x4E)
+                                   : _mm256_permute_ps(v[r], 0xB1);
+        const __m256 hi = _mm256_max_ps(v[r], pv), lo = _mm256_min_ps(v[r], pv);
+        // element i = 8r + lane keeps the larger value when it is the lower of its pair
+        // ((i & j) == 0) exactly when its run is descending ((i & k) == 0)
+        const __m256i i = _mm256_add_epi32(_mm256_set1_epi32(8 * r), lane);
+        const __m256i lower = _mm256_cmpeq_epi32(_mm256_and_si256(i, _mm256_set1_epi32(j)), zero);
+        const __m256i desc = _mm256_cmpeq_epi32(_mm256_and_si256(i, _mm256_set1_epi32(k)), zero);
+        v[r] = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_cmpeq_epi32(lower, desc)));
+      }
+    }
+}
+
+}  // namespace
+
+float block_best_avx2(const float* x, float dq, const WrScales& ws, int* kbest) {
+  const float h0 = half_best(x, dq, ws, &kbest[0]);
+  const float h1 = half_best(x + 16, dq, ws, &kbest[1]);
+  return h0 + h1;
+}
+
+void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig) {
+  const __m256 one = _mm256_set1_ps(1.0f), mone = _mm256_set1_ps(-1.0f), zero = _mm256_setzero_ps();
+  const __m256 half = _mm256_set1_ps(0.5f), cut = _mm256_set1_ps(1.625f), top = _mm256_set1_ps(2.25f);
+  const __m256 sign = _mm256_set1_ps(-0.0f), mu = _mm256_set1_ps(kMu), dqv = _mm256_set1_ps(dq);
+  const __m256 drv = _mm256_set1_ps(dr), inv = _mm256_set1_ps(dr > 0.f ? 1.0f / dr : 0.f);
+  const __m256 iq = _mm256_set1_ps(dq > 0.f ? 1.0f / dq : 0.f);
+  const __m256i two = _mm256_set1_epi32(2);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 x = _mm256_loadu_ps(xs + 8 * h);
+    __m256 tc[2], sc[2];
+    __m256i d[2];
+    tc[0] = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(x, iq), kRound), mone), one);
+    const __m256 below = _mm256_cmp_ps(_mm256_sub_ps(x, _mm256_mul_ps(dqv, tc[0])), zero, _CMP_LT_OQ);
+    tc[1] = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(tc[0], _mm256_blendv_ps(one, mone, below)), mone), one);
+    for (int c = 0; c < 2; ++c) {
+      const __m256 e = _mm256_sub_ps(x, _mm256_mul_ps(dqv, tc[c]));
+      const __m256 z = _mm256_mul_ps(e, inv), a = _mm256_andnot_ps(sign, z);
+      // wr_digit: idx = !(|z| < 0.5) + !(|z| < 1.625) (NaN past both), digit 2 -/+ idx by z < 0
+      const __m256 past1 = _mm256_cmp_ps(a, half, _CMP_NLT_UQ), past2 = _mm256_cmp_ps(a, cut, _CMP_NLT_UQ);
+      const __m256 neg = _mm256_cmp_ps(z, zero, _CMP_LT_OQ);
+      __m256 lev = _mm256_blendv_ps(_mm256_blendv_ps(zero, one, past1), top, past2);
+      lev = _mm256_blendv_ps(lev, _mm256_sub_ps(zero, lev), neg);  // kWrLevels[d]
+      const __m256 diff = _mm256_sub_ps(e, _mm256_mul_ps(drv, lev));
+      sc[c] = _mm256_add_ps(_mm256_mul_ps(diff, diff), _mm256_mul_ps(mu, _mm256_mul_ps(e, e)));
+      const __m256i idx = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_add_epi32(_mm256_castps_si256(past1), _mm256_castps_si256(past2)));
+      d[c] = _mm256_blendv_epi8(_mm256_add_epi32(two, idx), _mm256_sub_epi32(two, idx), _mm256_castps_si256(neg));
+    }
+    const __m256 take1 = _mm256_cmp_ps(sc[1], sc[0], _CMP_LT_OQ);
+    _mm256_storeu_ps(t + 8 * h, _mm256_blendv_ps(tc[0], tc[1], take1));
+    _mm256_storeu_si256((__m256i*)(dig + 8 * h), _mm256_blendv_epi8(d[0], d[1], _mm256_castps_si256(take1)));
+  }
+}
+
+float wq_alone_scale_avx2(const float* x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  int nan = 0;
+  for (int r = 0; r < 4; ++r) {
+    v[r] = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * r));
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[r], v[r], _CMP_UNORD_Q));
+  }
+  if (nan) return wq_alone_scale_scalar(x);  // the scalar network's order decides where NaN goes
+  sort32_desc(v);
+  alignas(32) float cs[32], score[32];
+  float acc = 0.f;
+  for (int r = 0; r < 4; ++r) _mm256_store_ps(cs + 8 * r, v[r]);
+  for (int j = 0; j < 32; ++j) cs[j] = acc = acc + cs[j];  // running sums, in order
+  // score_k = c_k^2 / k; the first k of the greatest (scores are >= 0, never NaN here)
+  __m256 mx = _mm256_setzero_ps();
+  for (int r = 0; r < 4; ++r) {
+    const __m256 c = _mm256_load_ps(cs + 8 * r);
+    const __m256 kf = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(8 * r + 1), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 s = _mm256_div_ps(_mm256_mul_ps(c, c), kf);
+    _mm256_store_ps(score + 8 * r, s);
+    mx = _mm256_max_ps(mx, s);
+  }
+  mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 0x01));
+  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0x4E));
+  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0xB1));
+  const float m = _mm256_cvtss_f32(mx);
+  for (int j = 0; j < 32; ++j)
+    if (score[j] == m) return cs[j] / (float)(j + 1);
+  return 0.f;
 }
 
 namespace {
@@ -126,12 +251,13 @@ void d4_fit_avx2(const float* x, float* s_out, float* m_out) {
 #else
 namespace rmoe {
 namespace resplit {
-void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* s) {
-  half_scores_scalar(xs, dq, D, ks, nk, s);
+float block_best_avx2(const float* x, float dq, const WrScales& ws, int* kbest) {
+  return block_best_scalar(x, dq, ws, kbest);
 }
-void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* s) {
-  block_scores_scalar(x, dq, D, ks, s);
+void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig) {
+  half_encode_scalar(xs, dq, dr, t, dig);
 }
+float wq_alone_scale_avx2(const float* x) { return wq_alone_scale_scalar(x); }
 void d4_fit_avx2(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 }  // namespace resplit
 }  // namespace rmoe

@@ -31,17 +31,54 @@ static inline float f16r(float x) { return f16_to_f32(f32_to_f16_bits(clampf(x, 
 
 constexpr float kMu = 0x1.47ae14p-6f;  // 0.02: weight of WQ-alone error
 
-using HalfScoresFn = void (*)(const float* xs /*[16]*/, float dq, float D, const int* ks /*[nk]*/, int nk,
-                              float* scores /*[nk]*/);
-void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
-void half_scores_avx2(const float* xs, float dq, float D, const int* ks, int nk, float* scores);
+// Sub-scale codes of the search: these four first, then the best one -2, -1, +1, +2
+// (clipped to 0..15; a repeated code scores the same and never replaces).
+constexpr int kKCoarse[4] = {1, 5, 9, 13};
+
+void half_scores_scalar(const float* xs /*[16]*/, float dq, float D, const int* ks /*[nk]*/, int nk,
+                        float* scores /*[nk]*/);
 // Both halves of a 32-weight block at once, four sub-scale codes each:
 // scores[h*4 + j] for half h (weights 16h..16h+15) and code ks[h*4 + j].
 using BlockScoresFn = void (*)(const float* x /*[32]*/, float dq, float D, const int* ks /*[2*4]*/,
                                float* scores /*[2*4]*/);
 void block_scores_scalar(const float* x, float dq, float D, const int* ks, float* scores);
-void block_scores_avx2(const float* x, float dq, float D, const int* ks, float* scores);
 void block_scores_avx512(const float* x, float dq, float D, const int* ks, float* scores);
+// A row's WR sub-scales dr_k = D*2^(-k/4), their reciprocals (0 where dr_k is not > 0)
+// and the products dr_k*L of the levels L = 0, 2.25: computed once per row, the same
+// roundings as at each use.
+struct WrScales {
+  float D, dr[16], inv[16], dr0[16], dr2[16];
+};
+static inline WrScales wr_scales(float D) {
+  WrScales w;
+  w.D = D;
+  for (int k = 0; k < 16; ++k) {
+    w.dr[k] = D * kWrTable[k];
+    w.inv[k] = w.dr[k] > 0.f ? 1.0f / w.dr[k] : 0.f;
+    w.dr0[k] = w.dr[k] * 0.0f;
+    w.dr2[k] = w.dr[k] * 2.25f;
+  }
+  return w;
+}
+// One block at one WQ scale dq: each half's best code (coarse, then refined; the first
+// of equal scores wins) -> kbest[2], and the sum of the two halves' best scores.
+using BlockBestFn = float (*)(const float* x /*[32]*/, float dq, const WrScales& ws, int* kbest /*[2]*/);
+float block_best_scalar(const float* x, float dq, const WrScales& ws, int* kbest);
+float block_best_avx2(const float* x, float dq, const WrScales& ws, int* kbest);
+float block_best_avx512(const float* x, float dq, const WrScales& ws, int* kbest);
+// The chosen cell t (-1, 0, 1) and WR digit (0..4) of 16 weights at dq and sub-scale dr:
+// per weight the cell with the lower score (t0 on a tie), its digit level(e / dr) + 2.
+using HalfEncodeFn = void (*)(const float* xs /*[16]*/, float dq, float dr, float* t /*[16]*/,
+                              int* dig /*[16]*/);
+void half_encode_scalar(const float* xs, float dq, float dr, float* t, int* dig);
+void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig);
+
+// Least-squares ternary scale of 32 weights (oracle wq_alone_scale): with a the |x|
+// sorted descending and c_k their running sums, c_k / k for the first k of greatest
+// c_k^2 / k. The sums run in order; any correct sort gives the same sorted values.
+using WqAloneFn = float (*)(const float* x /*[32]*/);
+float wq_alone_scale_scalar(const float* x);
+float wq_alone_scale_avx2(const float* x);
 
 // D4's asymmetric fit of 32 weights x: w ~ s*q - m (q in 0..15, m >= 0), scale
 // search over 21 steps with least-squares refits (oracle _d4_search). Sums run
