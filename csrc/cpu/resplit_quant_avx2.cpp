@@ -44,17 +44,17 @@ inline void cells16(const float* xs, float dq, Cells& c) {
 }
 
 // tree16 level 1 (lanes i + (i+8)) of the per-weight best score at sub-scale code k.
-// dr*L is taken from the row's products dr*0, dr (= dr*1), dr*2.25.
+// dr*L is taken from the row's products dr*0, dr (= dr*1), dr*2.25, and |e|*inv < 0.5
+// (1.625) is |e| < cut1 (cut2).
 inline __m256 score16(const Cells& c, const WrScales& ws, int k) {
-  const __m256 half = _mm256_set1_ps(0.5f), cut = _mm256_set1_ps(1.625f);
-  const __m256 inv = _mm256_set1_ps(ws.inv[k]);
+  const __m256 c1 = _mm256_set1_ps(ws.cut1[k]), c2 = _mm256_set1_ps(ws.cut2[k]);
   const __m256 d0 = _mm256_set1_ps(ws.dr0[k]), d1 = _mm256_set1_ps(ws.dr[k]), d2 = _mm256_set1_ps(ws.dr2[k]);
   __m256 best[2];
   for (int t = 0; t < 2; ++t)
     for (int h = 0; h < 2; ++h) {
-      const __m256 a = _mm256_mul_ps(c.ae[t][h], inv);
-      __m256 drl = _mm256_blendv_ps(d2, d1, _mm256_cmp_ps(a, cut, _CMP_LT_OQ));
-      drl = _mm256_blendv_ps(drl, d0, _mm256_cmp_ps(a, half, _CMP_LT_OQ));
+      const __m256 a = c.ae[t][h];
+      __m256 drl = _mm256_blendv_ps(d2, d1, _mm256_cmp_ps(a, c2, _CMP_LT_OQ));
+      drl = _mm256_blendv_ps(drl, d0, _mm256_cmp_ps(a, c1, _CMP_LT_OQ));
       const __m256 diff = _mm256_sub_ps(c.ae[t][h], drl);
       const __m256 sc = _mm256_add_ps(_mm256_mul_ps(diff, diff), c.m[t][h]);
       best[h] = t == 0 ? sc : _mm256_min_ps(sc, best[h]);  // sc < best ? sc : best

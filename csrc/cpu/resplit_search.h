@@ -12,6 +12,7 @@
 // ISA paths choose the same bytes.
 #pragma once
 #include <algorithm>
+#include <cmath>
 
 #include "convert.h"
 #include "resplit.h"
@@ -43,11 +44,21 @@ using BlockScoresFn = void (*)(const float* x /*[32]*/, float dq, float D, const
                                float* scores /*[2*4]*/);
 void block_scores_scalar(const float* x, float dq, float D, const int* ks, float* scores);
 void block_scores_avx512(const float* x, float dq, float D, const int* ks, float* scores);
-// A row's WR sub-scales dr_k = D*2^(-k/4), their reciprocals (0 where dr_k is not > 0)
-// and the products dr_k*L of the levels L = 0, 2.25: computed once per row, the same
-// roundings as at each use.
+// The least e >= 0 with e*inv >= c as rounded (inv >= 0), +inf if none: rounding is
+// monotone, so for |e| (not NaN) |e|*inv < c exactly when |e| < the result.
+static inline float least_reaching(float inv, float c) {
+  if (!(inv > 0.f)) return INFINITY;
+  float e = c / inv;
+  while (e > 0.f && e * inv >= c) e = std::nextafter(e, 0.f);
+  while (!(e * inv >= c)) e = std::nextafter(e, INFINITY);
+  return e;
+}
+
+// A row's WR sub-scales dr_k = D*2^(-k/4), their reciprocals (0 where dr_k is not > 0),
+// the products dr_k*L of the levels L = 0, 2.25 (the same roundings as at each use), and
+// the |e| where |e|*inv_k reaches the level cuts 0.5 and 1.625: computed once per row.
 struct WrScales {
-  float D, dr[16], inv[16], dr0[16], dr2[16];
+  float D, dr[16], inv[16], dr0[16], dr2[16], cut1[16], cut2[16];
 };
 static inline WrScales wr_scales(float D) {
   WrScales w;
@@ -57,6 +68,8 @@ static inline WrScales wr_scales(float D) {
     w.inv[k] = w.dr[k] > 0.f ? 1.0f / w.dr[k] : 0.f;
     w.dr0[k] = w.dr[k] * 0.0f;
     w.dr2[k] = w.dr[k] * 2.25f;
+    w.cut1[k] = least_reaching(w.inv[k], 0.5f);
+    w.cut2[k] = least_reaching(w.inv[k], 1.625f);
   }
   return w;
 }
