@@ -245,6 +245,64 @@ void d4_fit_avx2(const float* x, float* s_out, float* m_out) {
   *m_out = std::max(best_m, 0.f);
 }
 
+namespace {
+// tree32 across 32 vectors (one per weight, lanes = blocks), as the scalar tree32:
+// v[i]+v[i+16], then +8, +4, and (s4[0]+s4[2]) + (s4[1]+s4[3]). v16 holds level 1.
+inline __m256 tree32_tail(__m256* v16) {
+  for (int i = 0; i < 8; ++i) v16[i] = _mm256_add_ps(v16[i], v16[i + 8]);
+  for (int i = 0; i < 4; ++i) v16[i] = _mm256_add_ps(v16[i], v16[i + 4]);
+  return _mm256_add_ps(_mm256_add_ps(v16[0], v16[2]), _mm256_add_ps(v16[1], v16[3]));
+}
+}  // namespace
+
+void d4_fit8_avx2(const float* x, float* s_out, float* m_out) {
+  __m256 X[32], dv[32], L[32], a16[16], b16[16], c16[16];
+  for (int j = 0; j < 32; ++j)  // lanes = the eight blocks
+    X[j] = _mm256_setr_ps(x[j], x[32 + j], x[64 + j], x[96 + j], x[128 + j], x[160 + j], x[192 + j], x[224 + j]);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.f), fifteen = _mm256_set1_ps(15.f);
+  const __m256 n32 = _mm256_set1_ps(32.0f);
+  // d4_range: mn = min(0, x...), mx = max(x...) in the scalar order (std::min/max operands)
+  __m256 mn = _mm256_min_ps(X[0], zero), mx = X[0];
+  for (int j = 1; j < 32; ++j) { mn = _mm256_min_ps(X[j], mn); mx = _mm256_max_ps(X[j], mx); }
+  const __m256 span = _mm256_sub_ps(mx, mn), ok = _mm256_cmp_ps(span, zero, _CMP_GT_OQ);
+  const __m256 span1 = _mm256_blendv_ps(one, span, ok);
+  for (int i = 0; i < 16; ++i) a16[i] = _mm256_add_ps(X[i], X[i + 16]);
+  const __m256 sx = tree32_tail(a16);
+  for (int j = 0; j < 32; ++j) dv[j] = _mm256_sub_ps(X[j], mn);
+  const __m256 sign = _mm256_set1_ps(-0.0f);  // -v is a sign flip (not 0 - v: -(+0) is -0)
+  __m256 best_err = _mm256_set1_ps(INFINITY), best_s = zero, best_m = _mm256_xor_ps(mn, sign);
+  for (int step = 0; step <= kD4Steps; ++step) {
+    const __m256 is = _mm256_div_ps(_mm256_set1_ps(14.0f + 0.1f * (float)step), span1);
+    for (int j = 0; j < 32; ++j)
+      L[j] = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(dv[j], is), kRound), zero), fifteen);
+    for (int i = 0; i < 16; ++i) {
+      a16[i] = _mm256_add_ps(L[i], L[i + 16]);
+      b16[i] = _mm256_add_ps(_mm256_mul_ps(L[i], L[i]), _mm256_mul_ps(L[i + 16], L[i + 16]));
+      c16[i] = _mm256_add_ps(_mm256_mul_ps(X[i], L[i]), _mm256_mul_ps(X[i + 16], L[i + 16]));
+    }
+    const __m256 sl = tree32_tail(a16), sl2 = tree32_tail(b16), sxl = tree32_tail(c16);
+    const __m256 det = _mm256_sub_ps(_mm256_mul_ps(n32, sl2), _mm256_mul_ps(sl, sl));
+    __m256 sv = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(n32, sxl), _mm256_mul_ps(sx, sl)), det);
+    __m256 mv = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, sx), _mm256_mul_ps(sl, sxl)), det);
+    const __m256 pos = _mm256_cmp_ps(mv, zero, _CMP_GT_OQ);  // m > 0: s = sxl / sl2, m = 0
+    sv = _mm256_blendv_ps(sv, _mm256_div_ps(sxl, sl2), pos);
+    mv = _mm256_blendv_ps(mv, zero, pos);
+    for (int i = 0; i < 16; ++i) {
+      const __m256 e0 = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sv, L[i]), mv), X[i]);
+      const __m256 e1 = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sv, L[i + 16]), mv), X[i + 16]);
+      a16[i] = _mm256_add_ps(_mm256_mul_ps(e0, e0), _mm256_mul_ps(e1, e1));
+    }
+    const __m256 err = tree32_tail(a16);
+    const __m256 take = _mm256_and_ps(_mm256_and_ps(ok, _mm256_cmp_ps(det, zero, _CMP_GT_OQ)),
+                                      _mm256_cmp_ps(err, best_err, _CMP_LT_OQ));
+    best_err = _mm256_blendv_ps(best_err, err, take);
+    best_s = _mm256_blendv_ps(best_s, sv, take);
+    best_m = _mm256_blendv_ps(best_m, _mm256_xor_ps(mv, sign), take);
+  }
+  _mm256_storeu_ps(s_out, _mm256_and_ps(ok, best_s));
+  _mm256_storeu_ps(m_out, _mm256_max_ps(zero, best_m));  // std::max(best_m, 0.f)
+}
+
 }  // namespace resplit
 }  // namespace rmoe
 
@@ -259,6 +317,9 @@ void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig) {
 }
 float wq_alone_scale_avx2(const float* x) { return wq_alone_scale_scalar(x); }
 void d4_fit_avx2(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
+void d4_fit8_avx2(const float* x, float* s, float* m) {
+  for (int b = 0; b < 8; ++b) d4_fit_scalar(x + 32 * b, s + b, m + b);
+}
 }  // namespace resplit
 }  // namespace rmoe
 #endif

@@ -74,8 +74,14 @@ void quantize_d4_row(const float* w, size_t n, uint8_t* out, std::vector<float>&
   std::memcpy(xs, w, n * sizeof(float));
   float smax = 0.f, mmax = 0.f;
   const D4FitFn fit = d4_fit_fn();
-  for (size_t b = 0; b < nb; ++b) {
-    fit(xs + 32 * b, &s[b], &m[b]);
+  size_t b = 0;
+#if RMOE_X86
+  static const bool eight = active_isa() == Isa::Avx2;  // lanes = blocks beat lanes = weights there
+  if (eight)
+    for (; b + 8 <= nb; b += 8) d4_fit8_avx2(xs + 32 * b, &s[b], &m[b]);
+#endif
+  for (; b < nb; ++b) fit(xs + 32 * b, &s[b], &m[b]);
+  for (b = 0; b < nb; ++b) {
     smax = std::max(smax, s[b]);
     mmax = std::max(mmax, m[b]);
   }

@@ -101,6 +101,8 @@ using D4FitFn = void (*)(const float* x /*[32]*/, float* s, float* m);
 void d4_fit_scalar(const float* x, float* s, float* m);
 void d4_fit_avx2(const float* x, float* s, float* m);
 void d4_fit_avx512(const float* x, float* s, float* m);
+// Eight consecutive blocks at once (x [8*32]; s, m [8]), each as d4_fit_scalar.
+void d4_fit8_avx2(const float* x, float* s, float* m);
 
 // The range every D4 fit starts from: min(0, min x) .. max x. A zero span (all weights
 // equal and >= 0) fits nothing: the fit keeps s = 0 (ok false) and divides by 1.
