@@ -303,7 +303,7 @@ def _write(src: GGUFFile, ident: dict, out: Path, progress, log) -> None:
     pack_cost.record_rate(n_new, dt)
     if log and dt > 0:
         log(f"converted {n_new / 1e6:.1f} M expert weights in {dt:.1f} s "
-            f"({n_new / dt / 1e6:.1f} M weights/s, source type {_expert_type(plan)})")
+            f"({n_new / dt / 1e6:.1f} M weights/s on {kernels.num_threads()} threads, source type {_expert_type(plan)})")
 
 
 def _expert_type(plan: PackPlan) -> str:

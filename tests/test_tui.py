@@ -428,7 +428,7 @@ def test_first_screen_speaks_plainly(tmp_path):
     a placeholder in the input, and the engine's load notes in plain words (the notes
     here are the ones engine/model.py and engine/pack.py log on the demo's first start)."""
     engine_notes = ["UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)",
-                    "converted 79.6 M expert weights in 16.9 s (4.7 M weights/s, source type Q4_1)"]
+                    "converted 79.6 M expert weights in 16.9 s (4.7 M weights/s on 2 threads, source type Q4_1)"]
     backend = ScriptedBackend(notes=engine_notes, held={"demo"})
 
     async def main():
