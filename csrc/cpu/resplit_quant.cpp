@@ -90,8 +90,9 @@ void pack_wq(const float* t, uint32_t code, uint8_t* out) {
   out[7] = (uint8_t)(code >> 4);
 }
 
-// The joint search's kernels for the CPU path in use (AVX-512 CPUs take the AVX2
-// encoder and sort: they have AVX2, and these are not width-bound).
+// The joint search's kernels for the CPU path in use. AVX-512 CPUs run the AVX2 ones:
+// their work is eight-lane shaped (two 8-weight halves per register pair, per-lane
+// compare chains), and on a double-pumped or two-unit AVX-512 core 16 lanes save nothing.
 struct JointSearch {
   BlockBestFn block_best;
   HalfEncodeFn half_encode;
@@ -101,8 +102,7 @@ const JointSearch& joint_search() {
   static const JointSearch fns = [] {
     const Isa isa = active_isa();
 #if RMOE_X86
-    if (isa == Isa::Avx512) return JointSearch{block_best_avx512, half_encode_avx2, wq_alone_scale_avx2};
-    if (isa == Isa::Avx2) return JointSearch{block_best_avx2, half_encode_avx2, wq_alone_scale_avx2};
+    if (isa == Isa::Avx512 || isa == Isa::Avx2) return JointSearch{block_best_avx2, half_encode_avx2, wq_alone_scale_avx2};
 #endif
     return JointSearch{block_best_scalar, half_encode_scalar, wq_alone_scale_scalar};
   }();
@@ -141,13 +141,13 @@ void half_encode_scalar(const float* xs, float dq, float dr, float* t, int* dig)
 
 namespace {
 
-// block_best over a BlockScoresFn: both halves' coarse codes in one call, then their refine codes.
-float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest) {
+// Both halves' coarse codes in one call, then their refine codes.
+float block_best(const float* x, float dq, float D, int* kbest) {
   int ks[8];
   float sc[8], hb[2] = {INFINITY, INFINITY};
   for (int h = 0; h < 2; ++h)
     for (int j = 0; j < 4; ++j) ks[4 * h + j] = kKCoarse[j];
-  fn(x, dq, D, ks, sc);
+  block_scores_scalar(x, dq, D, ks, sc);
   for (int h = 0; h < 2; ++h) {
     kbest[h] = 0;
     for (int j = 0; j < 4; ++j)
@@ -155,7 +155,7 @@ float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest
     int j = 0;
     for (int off : {-2, -1, 1, 2}) ks[4 * h + j++] = std::min(15, std::max(0, kbest[h] + off));
   }
-  fn(x, dq, D, ks, sc);
+  block_scores_scalar(x, dq, D, ks, sc);
   for (int h = 0; h < 2; ++h)
     for (int j = 0; j < 4; ++j)
       if (sc[4 * h + j] < hb[h]) { hb[h] = sc[4 * h + j]; kbest[h] = ks[4 * h + j]; }
@@ -165,13 +165,8 @@ float block_best(BlockScoresFn fn, const float* x, float dq, float D, int* kbest
 }  // namespace
 
 float block_best_scalar(const float* x, float dq, const WrScales& ws, int* kbest) {
-  return block_best(block_scores_scalar, x, dq, ws.D, kbest);
+  return block_best(x, dq, ws.D, kbest);
 }
-#if RMOE_X86
-float block_best_avx512(const float* x, float dq, const WrScales& ws, int* kbest) {
-  return block_best(block_scores_avx512, x, dq, ws.D, kbest);
-}
-#endif
 
 void half_scores_scalar(const float* xs, float dq, float D, const int* ks, int nk, float* scores) {
   float e[2][16], m[2][16];

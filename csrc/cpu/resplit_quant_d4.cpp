@@ -27,8 +27,7 @@ float tree32(const float* v) {
 D4FitFn d4_fit_fn() {
   static const Isa isa = active_isa();
 #if RMOE_X86
-  if (isa == Isa::Avx512) return d4_fit_avx512;
-  if (isa == Isa::Avx2) return d4_fit_avx2;
+  if (isa == Isa::Avx512 || isa == Isa::Avx2) return d4_fit_avx2;
 #endif
   return d4_fit_scalar;
 }
@@ -76,7 +75,9 @@ void quantize_d4_row(const float* w, size_t n, uint8_t* out, std::vector<float>&
   const D4FitFn fit = d4_fit_fn();
   size_t b = 0;
 #if RMOE_X86
-  static const bool eight = active_isa() == Isa::Avx2;  // lanes = blocks beat lanes = weights there
+  // eight blocks at once, lanes = blocks (AVX-512 CPUs too: the per-block fit is a chain
+  // of reductions and scalar divisions that lanes = weights cannot widen)
+  static const bool eight = active_isa() == Isa::Avx2 || active_isa() == Isa::Avx512;
   if (eight)
     for (; b + 8 <= nb; b += 8) d4_fit8_avx2(xs + 32 * b, &s[b], &m[b]);
 #endif

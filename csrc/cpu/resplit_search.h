@@ -40,10 +40,8 @@ void half_scores_scalar(const float* xs /*[16]*/, float dq, float D, const int* 
                         float* scores /*[nk]*/);
 // Both halves of a 32-weight block at once, four sub-scale codes each:
 // scores[h*4 + j] for half h (weights 16h..16h+15) and code ks[h*4 + j].
-using BlockScoresFn = void (*)(const float* x /*[32]*/, float dq, float D, const int* ks /*[2*4]*/,
-                               float* scores /*[2*4]*/);
-void block_scores_scalar(const float* x, float dq, float D, const int* ks, float* scores);
-void block_scores_avx512(const float* x, float dq, float D, const int* ks, float* scores);
+void block_scores_scalar(const float* x /*[32]*/, float dq, float D, const int* ks /*[2*4]*/,
+                         float* scores /*[2*4]*/);
 // The least e >= 0 with e*inv >= c as rounded (inv >= 0), +inf if none: rounding is
 // monotone, so for |e| (not NaN) |e|*inv < c exactly when |e| < the result.
 static inline float least_reaching(float inv, float c) {
@@ -78,7 +76,6 @@ static inline WrScales wr_scales(float D) {
 using BlockBestFn = float (*)(const float* x /*[32]*/, float dq, const WrScales& ws, int* kbest /*[2]*/);
 float block_best_scalar(const float* x, float dq, const WrScales& ws, int* kbest);
 float block_best_avx2(const float* x, float dq, const WrScales& ws, int* kbest);
-float block_best_avx512(const float* x, float dq, const WrScales& ws, int* kbest);
 // The chosen cell t (-1, 0, 1) and WR digit (0..4) of 16 weights at dq and sub-scale dr:
 // per weight the cell with the lower score (t0 on a tie), its digit level(e / dr) + 2.
 using HalfEncodeFn = void (*)(const float* xs /*[16]*/, float dq, float dr, float* t /*[16]*/,
@@ -100,7 +97,6 @@ constexpr int kD4Steps = 20;  // scale steps 0..20 (oracle D4_STEPS)
 using D4FitFn = void (*)(const float* x /*[32]*/, float* s, float* m);
 void d4_fit_scalar(const float* x, float* s, float* m);
 void d4_fit_avx2(const float* x, float* s, float* m);
-void d4_fit_avx512(const float* x, float* s, float* m);
 // Eight consecutive blocks at once (x [8*32]; s, m [8]), each as d4_fit_scalar.
 void d4_fit8_avx2(const float* x, float* s, float* m);
 
