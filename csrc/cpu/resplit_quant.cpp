@@ -215,7 +215,7 @@ void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
 
 void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std::vector<float>& buf) {
   const size_t nb64 = (n + 63) / 64, n64 = nb64 * 64, nbq = (n + 31) / 32;
-  buf.assign(n64, 0.f);
+  buf.assign(n64 + 2 * nb64, 0.f);
   std::memcpy(buf.data(), w, n * sizeof(float));
   float amax = 0.f;
   for (size_t j = 0; j < n64; ++j) amax = std::max(amax, std::fabs(buf[j]));
@@ -225,6 +225,10 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   wr[1] = (uint8_t)(Dbits >> 8);
   const JointSearch& fns = joint_search();
   const WrScales ws = wr_scales(D);
+  // every block's WQ-alone scale first: each is a chain of dependent adds, and apart
+  // from the search that consumes it the chains of consecutive blocks overlap
+  float* alone = buf.data() + n64;
+  for (size_t b = 0; b < 2 * nb64; ++b) alone[b] = fns.wq_alone(buf.data() + 32 * b);
   float t[32];
   std::vector<int> dig(nb64 * 64), kk(nb64 * 4);
   for (size_t b64 = 0; b64 < nb64; ++b64) {
@@ -244,7 +248,7 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
         if (total < best) { best = total; best_code = code; best_k[0] = k[0]; best_k[1] = k[1]; }
         return total;
       };
-      try_scale(fns.wq_alone(x));
+      try_scale(alone[b]);
       float cb = INFINITY;
       int ci = 0;
       for (int i = 0; i < kWqFracs; ++i) {

@@ -94,10 +94,14 @@ inline float half_best(const float* xs, float dq, const WrScales& ws, int* kbest
 // Bitonic network over 32 values in four registers, descending (as the scalar
 // sort32_desc; values only, so any correct network gives the same array). No NaN.
 inline void sort32_desc(__m256* v) {
+  // fully unrolled, so that v stays in registers and the lane masks are constants
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), zero = _mm256_setzero_si256();
+#pragma GCC unroll 5
   for (int k = 2; k <= 32; k <<= 1)
+#pragma GCC unroll 5
     for (int j = k >> 1; j > 0; j >>= 1) {
       if (j >= 8) {  // partner in another register; direction by register (k >= 16)
+#pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
           const int p = r ^ (j >> 3);
           if (p < r) continue;
@@ -108,6 +112,7 @@ inline void sort32_desc(__m256* v) {
         }
         continue;
       }
+#pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
         const __m256 pv = j == 4   ? _mm256_permute2f128_ps(v[r], v[r], 0x01)
                           : j == 2 ? _mm256_permute_ps(v[r], 0x4E)
