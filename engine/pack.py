@@ -303,7 +303,11 @@ def _write(src: GGUFFile, ident: dict, out: Path, progress, log) -> None:
     pack_cost.record_rate(n_new, dt)
     if log and dt > 0:
         log(f"converted {n_new / 1e6:.1f} M expert weights in {dt:.1f} s "
-            f"({n_new / dt / 1e6:.1f} M weights/s on {kernels.num_threads()} threads, source type {_expert_type(plan)})")
+            f"({n_new / dt / 1e6:.1f} M weights/s on {_threads(kernels.num_threads())}, source type {_expert_type(plan)})")
+
+
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else f"{n} threads"
 
 
 def _expert_type(plan: PackPlan) -> str:

@@ -68,6 +68,10 @@ float wq_alone_scale_scalar(const float* x) {
   return best_d;
 }
 
+void wq_alone_scales_scalar(const float* x, size_t nb, float* out) {
+  for (size_t b = 0; b < nb; ++b) out[b] = wq_alone_scale_scalar(x + 32 * b);
+}
+
 namespace {
 
 // Divisions are written as products with a reciprocal (also in the oracle): the
@@ -102,9 +106,9 @@ const JointSearch& joint_search() {
   static const JointSearch fns = [] {
     const Isa isa = active_isa();
 #if RMOE_X86
-    if (isa == Isa::Avx512 || isa == Isa::Avx2) return JointSearch{block_best_avx2, half_encode_avx2, wq_alone_scale_avx2};
+    if (isa == Isa::Avx512 || isa == Isa::Avx2) return JointSearch{block_best_avx2, half_encode_avx2, wq_alone_scales_avx2};
 #endif
-    return JointSearch{block_best_scalar, half_encode_scalar, wq_alone_scale_scalar};
+    return JointSearch{block_best_scalar, half_encode_scalar, wq_alone_scales_scalar};
   }();
   return fns;
 }
@@ -202,13 +206,16 @@ void block_scores_scalar(const float* x, float dq, float D, const int* ks, float
 
 namespace {
 
-void quantize_wq_row(const float* w, size_t n, uint8_t* out) {
+void quantize_wq_row(const float* w, size_t n, uint8_t* out, std::vector<float>& buf) {
   const size_t nb = (n + 31) / 32;
-  float x[32], t[32];
+  buf.assign(nb * 33, 0.f);  // the row padded to whole blocks, then each block's scale
+  std::memcpy(buf.data(), w, n * sizeof(float));
+  float* alone = buf.data() + nb * 32;
+  joint_search().wq_alone(buf.data(), nb, alone);
+  float t[32];
   for (size_t b = 0; b < nb; ++b) {
-    for (size_t j = 0; j < 32; ++j) x[j] = 32 * b + j < n ? w[32 * b + j] : 0.f;
-    const uint32_t code = scale12_encode(joint_search().wq_alone(x));
-    tern(x, scale12_decode(code), t);
+    const uint32_t code = scale12_encode(alone[b]);
+    tern(buf.data() + 32 * b, scale12_decode(code), t);
     pack_wq(t, code, out + 8 * b);
   }
 }
@@ -217,26 +224,23 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
   const size_t nb64 = (n + 63) / 64, n64 = nb64 * 64, nbq = (n + 31) / 32;
   buf.assign(n64 + 2 * nb64, 0.f);
   std::memcpy(buf.data(), w, n * sizeof(float));
-  float amax = 0.f;
-  for (size_t j = 0; j < n64; ++j) amax = std::max(amax, std::fabs(buf[j]));
+  const float amax = max_abs(buf.data(), n64);
   const float D = f16r(amax / kWrDiv);
   const uint16_t Dbits = f32_to_f16_bits(D);
   wr[0] = (uint8_t)(Dbits & 0xFF);
   wr[1] = (uint8_t)(Dbits >> 8);
   const JointSearch& fns = joint_search();
   const WrScales ws = wr_scales(D);
-  // every block's WQ-alone scale first: each is a chain of dependent adds, and apart
-  // from the search that consumes it the chains of consecutive blocks overlap
+  // every block's WQ-alone scale first (the AVX2 path runs eight blocks at once)
   float* alone = buf.data() + n64;
-  for (size_t b = 0; b < 2 * nb64; ++b) alone[b] = fns.wq_alone(buf.data() + 32 * b);
+  fns.wq_alone(buf.data(), 2 * nb64, alone);
   float t[32];
   std::vector<int> dig(nb64 * 64), kk(nb64 * 4);
   for (size_t b64 = 0; b64 < nb64; ++b64) {
     for (int half = 0; half < 2; ++half) {
       const size_t b = 2 * b64 + half;
       const float* x = buf.data() + 32 * b;
-      float am = 0.f;
-      for (int j = 0; j < 32; ++j) am = std::max(am, std::fabs(x[j]));
+      const float am = max_abs(x, 32);
       float best = INFINITY;
       uint32_t best_code = 0;
       int best_k[2] = {0, 0};
@@ -324,7 +328,8 @@ size_t row_bytes(Fmt fmt, size_t n) {
 void quantize_wq(const float* w, size_t rows, size_t n, uint8_t* out) {
   const size_t rb = row_bytes(Fmt::WQ, n);
   parallel_for(rows, [&](size_t b, size_t e, int) {
-    for (size_t r = b; r < e; ++r) quantize_wq_row(w + r * n, n, out + r * rb);
+    std::vector<float> buf;
+    for (size_t r = b; r < e; ++r) quantize_wq_row(w + r * n, n, out + r * rb, buf);
   });
 }
 

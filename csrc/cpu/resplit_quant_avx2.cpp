@@ -170,36 +170,46 @@ void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig) {
   }
 }
 
-float wq_alone_scale_avx2(const float* x) {
+void wq_alone_scales_avx2(const float* x, size_t nb, float* out) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
-  int nan = 0;
-  for (int r = 0; r < 4; ++r) {
-    v[r] = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * r));
-    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[r], v[r], _CMP_UNORD_Q));
+  alignas(32) float sorted[8][32], cs[32][8];
+  size_t b0 = 0;
+  for (; b0 < nb; b0 += 8) {
+    const size_t m = std::min<size_t>(8, nb - b0);
+    int nan = 0;  // blocks with a NaN take the scalar network: its order decides where NaN goes
+    for (size_t b = 0; b < m; ++b) {
+      __m256 v[4];
+      int bad = 0;
+      for (int r = 0; r < 4; ++r) {
+        v[r] = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 32 * (b0 + b) + 8 * r));
+        bad |= _mm256_movemask_ps(_mm256_cmp_ps(v[r], v[r], _CMP_UNORD_Q));
+      }
+      if (bad) nan |= 1 << b;
+      sort32_desc(v);
+      for (int r = 0; r < 4; ++r) _mm256_store_ps(sorted[b] + 8 * r, v[r]);
+    }
+    for (size_t b = m; b < 8; ++b) std::fill(sorted[b], sorted[b] + 32, 0.f);
+    // lanes = blocks: running sums in order, and the first k of the greatest c_k^2 / k
+    // (score > best, from best = -1: the scalar loop's test per lane)
+    __m256 acc = _mm256_setzero_ps(), best = _mm256_set1_ps(-1.f), bestk = _mm256_setzero_ps();
+    for (int j = 0; j < 32; ++j) {
+      const __m256 a = _mm256_setr_ps(sorted[0][j], sorted[1][j], sorted[2][j], sorted[3][j], sorted[4][j],
+                                      sorted[5][j], sorted[6][j], sorted[7][j]);
+      acc = _mm256_add_ps(acc, a);
+      _mm256_store_ps(cs[j], acc);
+      const __m256 kf = _mm256_set1_ps((float)(j + 1));
+      const __m256 score = _mm256_div_ps(_mm256_mul_ps(acc, acc), kf);
+      const __m256 upd = _mm256_cmp_ps(score, best, _CMP_GT_OQ);
+      best = _mm256_blendv_ps(best, score, upd);
+      bestk = _mm256_blendv_ps(bestk, kf, upd);
+    }
+    alignas(32) float k[8];
+    _mm256_store_ps(k, bestk);
+    for (size_t b = 0; b < m; ++b) {
+      const int kb = (int)k[b];
+      out[b0 + b] = (nan >> b) & 1 ? wq_alone_scale_scalar(x + 32 * (b0 + b)) : kb ? cs[kb - 1][b] / (float)kb : 0.f;
+    }
   }
-  if (nan) return wq_alone_scale_scalar(x);  // the scalar network's order decides where NaN goes
-  sort32_desc(v);
-  alignas(32) float cs[32], score[32];
-  float acc = 0.f;
-  for (int r = 0; r < 4; ++r) _mm256_store_ps(cs + 8 * r, v[r]);
-  for (int j = 0; j < 32; ++j) cs[j] = acc = acc + cs[j];  // running sums, in order
-  // score_k = c_k^2 / k; the first k of the greatest (scores are >= 0, never NaN here)
-  __m256 mx = _mm256_setzero_ps();
-  for (int r = 0; r < 4; ++r) {
-    const __m256 c = _mm256_load_ps(cs + 8 * r);
-    const __m256 kf = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(8 * r + 1), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    const __m256 s = _mm256_div_ps(_mm256_mul_ps(c, c), kf);
-    _mm256_store_ps(score + 8 * r, s);
-    mx = _mm256_max_ps(mx, s);
-  }
-  mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 0x01));
-  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0x4E));
-  mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0xB1));
-  const float m = _mm256_cvtss_f32(mx);
-  for (int j = 0; j < 32; ++j)
-    if (score[j] == m) return cs[j] / (float)(j + 1);
-  return 0.f;
 }
 
 namespace {
@@ -320,7 +330,7 @@ float block_best_avx2(const float* x, float dq, const WrScales& ws, int* kbest) 
 void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig) {
   half_encode_scalar(xs, dq, dr, t, dig);
 }
-float wq_alone_scale_avx2(const float* x) { return wq_alone_scale_scalar(x); }
+void wq_alone_scales_avx2(const float* x, size_t nb, float* out) { wq_alone_scales_scalar(x, nb, out); }
 void d4_fit_avx2(const float* x, float* s, float* m) { d4_fit_scalar(x, s, m); }
 void d4_fit8_avx2(const float* x, float* s, float* m) {
   for (int b = 0; b < 8; ++b) d4_fit_scalar(x + 32 * b, s + b, m + b);

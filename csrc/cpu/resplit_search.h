@@ -86,9 +86,23 @@ void half_encode_avx2(const float* xs, float dq, float dr, float* t, int* dig);
 // Least-squares ternary scale of 32 weights (oracle wq_alone_scale): with a the |x|
 // sorted descending and c_k their running sums, c_k / k for the first k of greatest
 // c_k^2 / k. The sums run in order; any correct sort gives the same sorted values.
-using WqAloneFn = float (*)(const float* x /*[32]*/);
-float wq_alone_scale_scalar(const float* x);
-float wq_alone_scale_avx2(const float* x);
+float wq_alone_scale_scalar(const float* x /*[32]*/);
+// The scale of each of nb consecutive blocks: x [nb*32] -> out [nb].
+using WqAloneFn = void (*)(const float* x, size_t nb, float* out);
+void wq_alone_scales_scalar(const float* x, size_t nb, float* out);
+void wq_alone_scales_avx2(const float* x, size_t nb, float* out);
+
+// max(0, max |x|) over n values, NaN ignored (std::max(m, |x|) in any order): eight
+// independent running maxima instead of one chain of n dependent ones.
+static inline float max_abs(const float* x, size_t n) {
+  float m[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) m[l] = std::max(m[l], std::fabs(x[j + l]));
+  for (; j < n; ++j) m[0] = std::max(m[0], std::fabs(x[j]));
+  for (int l = 1; l < 8; ++l) m[0] = std::max(m[0], m[l]);
+  return m[0];
+}
 
 // D4's asymmetric fit of 32 weights x: w ~ s*q - m (q in 0..15, m >= 0), scale
 // search over 21 steps with least-squares refits (oracle _d4_search). Sums run
