@@ -3,6 +3,7 @@ that is empty unless a test fills it."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -25,6 +26,32 @@ def _isolated_dirs(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# Disk: a test's own tmp_path goes when it passes (pyproject's retention policy); the
+# files a module's fixtures made (models, corpora, caches) go when the module is done
+# and none of its tests failed. The whole suite then never holds more than one module's
+# files, where keeping everything took several GB.
+_failed_modules: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        _failed_modules.add(item.module.__name__)
+    return report
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_tmp_cleanup(request, tmp_path_factory, _isolated_dirs):
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.module.__name__ in _failed_modules:
+        return
+    for p in set(base.iterdir()) - before:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 # Which CPU kernel paths the ISA-parametrized tests ran: a path this CPU lacks is
