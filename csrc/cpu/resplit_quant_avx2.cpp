@@ -1,6 +1,7 @@
-// AVX2 hot loop of the joint WQ+WR quantizer (see resplit_search.h): two
-// registers hold the 16 weights of a WR sub-block. No FMA: every product is
-// rounded before it is added, exactly as in the oracle.
+// AVX2 quantizer kernels (see resplit_search.h), also run by AVX-512 CPUs: the joint
+// WQ+WR search (two registers hold the 16 weights of a WR sub-block), its final
+// encode, the WQ-alone scale, and D4's fit (eight blocks at once, lanes = blocks).
+// No FMA: every product is rounded before it is added, exactly as in the oracle.
 #pragma GCC optimize("fp-contract=off")
 #include "resplit.h"
 #include "resplit_search.h"

@@ -9,7 +9,8 @@
 //   scores[j] = tree16(min_t s) for k = ks[j]   (tree16: v[i]+v[i+8], then 4, 2, 1)
 // level(z): |z| < 0.5 -> 0, |z| < 1.625 -> 1, else 2.25, with the sign of z (z < 0).
 // Every variant performs these IEEE operations in this order (no FMA), so all
-// ISA paths choose the same bytes.
+// ISA paths choose the same bytes; what does not depend on the weights (dr_k, inv_k,
+// the products dr_k*level, the level cuts as |e| thresholds) is computed once per row.
 #pragma once
 #include <algorithm>
 #include <cmath>
