@@ -9,6 +9,7 @@ import json
 from ..engine.errors import UserError
 from .args import threads
 from .cmd_chat import apply_threads, note
+from .cmd_plan import add_placement_arguments, plan_request
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment", type=int, default=128,
                    help="tokens per segment: first half prefill, second half decode (default 128)")
     p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    add_placement_arguments(p)  # the latency model is timed on the step this plan runs
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--show", action="store_true", help="print the cached calibration of this model and machine")
     p.add_argument("--json", action="store_true", help="stdout: the calibration record as JSON")
@@ -52,7 +54,8 @@ def run(args) -> int:
                 raise UserError(f"no calibration of {path.name} on this machine (run `rapidmoe-chat calibrate -m ...`)")
         else:
             rec = calibrate(path, n_tokens=args.tokens, seg_len=args.segment,
-                            budget=DEFAULT_BUDGET if args.budget is None else args.budget, progress=prog, log=note)
+                            budget=DEFAULT_BUDGET if args.budget is None else args.budget, progress=prog, log=note,
+                            placement=plan_request(args))
     if args.json:
         print(json.dumps(rec))
     else:
@@ -75,6 +78,7 @@ def _summary(rec: dict, path) -> None:
     t1 = rec["fixed"][1]["decode_s"]
     print(f"{rec['model']}: {rec['n_tokens']} tokens, budget {rec['budget']:g} x the r=1 decode time "
           f"({rec['budget'] * t1 * 1e3:.1f} ms/token), {lat['threads']} threads, {rec['seconds']:.0f} s")
+    print(f"timed on: {rec.get('placement', 'the CPU step')}")
     sens = rec.get("sensitivity") or {}
     if sens:
         print("layer sensitivity (KL per unit of dropped weight², r = k/2 in that layer alone): "

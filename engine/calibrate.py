@@ -92,13 +92,22 @@ def read_calibration(model_path) -> dict | None:
     return d if isinstance(d, dict) and d.get("version") == CALIB_VERSION else None
 
 
-def load_profile(model_path, cfg) -> UmiaProfile:
+def load_profile(model_path, cfg, mode: str | None = None, log=None) -> UmiaProfile:
+    """The calibrated profile, else the default. mode: the loaded plan's; a profile
+    timed on another plan's step still serves, with a note (records from before
+    the mode was kept were all timed on the CPU step)."""
     d = read_calibration(model_path)
     if d is not None:
         try:
-            return UmiaProfile.from_json(d.get("profile"), cfg.n_layer, cfg.n_expert_used, "calibrated")
+            prof = UmiaProfile.from_json(d.get("profile"), cfg.n_layer, cfg.n_expert_used, "calibrated")
         except ValueError:
             pass  # a damaged file: the default serves until the next calibrate
+        else:
+            timed = d.get("mode", "cpu")
+            if log and mode is not None and timed != mode:
+                log(f"UMIA: calibrated on a {timed} plan, this one is {mode} "
+                    f"(`rapidmoe-chat calibrate --mode {mode}` fits one to it)")
+            return prof
     return default_profile(cfg)
 
 
@@ -281,8 +290,9 @@ def fixed_fit(lat: LatencyModel, k: int, budget: float) -> int:
 
 
 def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float = DEFAULT_BUDGET,
-              progress=None, log=None, slopes=ALPHA_SLOPES) -> dict:
-    """Fit, cache and return the calibration record of this model on this machine."""
+              progress=None, log=None, slopes=ALPHA_SLOPES, placement=None) -> dict:
+    """Fit, cache and return the calibration record of this model on this machine,
+    timed on the step that `placement`'s plan runs (default: the plan chat loads)."""
     from .model import load_model
     from .plan import PlanRequest
 
@@ -291,10 +301,8 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
     if seg_len < 4 or seg_len % 2:
         raise UserError("the segment length must be an even number >= 4")
     t_start = time.perf_counter()
-    # the CPU step: the latency model is measured on the CPU kernels (a GPU plan's
-    # step would need its own; its r is still chosen by this profile)
     model = load_model(model_path, n_ctx=seg_len, critical="k", progress=progress, log=log,
-                       placement=PlanRequest(mode="cpu"))
+                       placement=placement or PlanRequest())
     if model.critical is None:
         raise UserError(f"{Path(model_path).name} has no routed experts: nothing to calibrate")
     k, cfg = model.cfg.n_expert_used, model.cfg
@@ -333,6 +341,7 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
         "version": CALIB_VERSION, "model": Path(model.path).name, "machine": machine_fingerprint(),
         "created_unix": int(time.time()), "seconds": round(time.perf_counter() - t_start, 1),
         "n_tokens": len(cal.tokens), "segment": seg_len, "budget": budget, "k": k,
+        "mode": model.plan.mode, "placement": model.placement,
         "profile": best["profile"], "chosen": best["name"], "latency": lat.to_json(),
         "reference": {"mean_r": float(k), "decode_s": lat.fixed_time(k, False), "prefill_s": lat.fixed_time(k, True),
                       "kl_mean": ref.kl_mean},

@@ -5,7 +5,12 @@ what the rest of a decode step costs. UMIA's calibration spends its budget with 
 
 Decode's cost per critical expert comes from whole decode steps at several fixed
 r, interleaved: what a budget buys is a share of a whole step, and a kernel timed
-alone leaves out what the rest of the step does to its memory traffic."""
+alone leaves out what the rest of the step does to its memory traffic.
+
+The model is timed on the step the loaded plan runs. The CPU step's split layers
+are also timed one by one (the kernel alone splits decode's intercept and gives
+prefill's per-layer cost); the GPU step's layers are a schedule across two
+devices, so there both phases come from whole steps only."""
 from __future__ import annotations
 
 import time
@@ -86,9 +91,11 @@ def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np
     the r values interleaved so that load on a shared machine spreads evenly; then
     `steps` whole decode steps at each of decode_points(k), interleaved, for decode's
     cost per critical expert and what lies outside the experts."""
+    if model.runner.gpu_step:
+        return _measure_whole_steps(model, reps, steps, progress)
     experts = model.runner.split_layers()
     if not experts:
-        raise UserError("the latency model times the CPU step's split layers: calibrate with a CPU plan (--mode cpu)")
+        raise UserError(f"{model.path.name} has no residual-split layers to time")
     k = model.cfg.n_expert_used
     H = model.cfg.n_embd
     rng = np.random.default_rng(0)
@@ -123,6 +130,48 @@ def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np
                          (lambda i: progress("latency", done + i, total)) if progress else None)
     dec, other = split_decode(*line(points, step), layer_a, len(experts), k)
     return LatencyModel(tuple(map(float, dec)), tuple(map(float, pre)), other, len(experts), kernels.num_threads())
+
+
+def _measure_whole_steps(model, reps: int, steps: int, progress=None) -> LatencyModel:
+    """The GPU step: decode from `steps` whole decode steps at each of
+    decode_points(k), prefill from `reps` whole prefill calls of PREFILL_CHUNK
+    tokens at each; both fitted by a line in r and shared evenly by the MoE layers
+    (prefill's per-layer cost then holds its share of attention and the head)."""
+    k = model.cfg.n_expert_used
+    n_layers = len(model.net.moe_layers())
+    points = decode_points(k)
+    total = reps * len(points) + steps
+    pre = _prefill_steps(model, points, reps, (lambda i: progress("latency", i, total)) if progress else None)
+    a, b = line(points, pre)
+    pre_r = np.maximum((a + b * np.arange(k + 1)) / n_layers, 1e-9)
+    done = reps * len(points)
+    step = _decode_steps(model, points, steps,
+                         (lambda i: progress("latency", done + i, total)) if progress else None)
+    dec, other = split_decode(*line(points, step), 0.0, n_layers, k)
+    return LatencyModel(tuple(map(float, dec)), tuple(map(float, pre_r)), other, n_layers, kernels.num_threads())
+
+
+def _prefill_steps(model, rs: list[int], reps: int, progress=None) -> list[float]:
+    """Seconds per token of a whole prefill call of PREFILL_CHUNK tokens at each
+    fixed r: `reps` calls each (after one warm-up round), the r values in a fresh
+    random order every round, every call from position 0 of its own cache."""
+    from .moe.resplit import FixedCritical
+
+    run = model.runner
+    n = max(1, min(model.n_ctx, PREFILL_CHUNK))
+    rng = np.random.default_rng(2)
+    toks = [int(t) for t in rng.integers(0, model.cfg.n_vocab, n)]
+    cache = run.new_cache(n)
+    times: dict[int, list[float]] = {r: [] for r in rs}
+    for i in range(reps + 1):
+        for r in rng.permutation(rs):
+            t0 = time.perf_counter()
+            run.prefill(toks, 0, cache, FixedCritical(int(r)), last_only=True)
+            if i:  # the first round warms up
+                times[r].append((time.perf_counter() - t0) / n)
+        if progress and i:
+            progress(i * len(rs))
+    return [float(np.percentile(times[r], QUIET_PCT)) for r in rs]
 
 
 def _decode_steps(model, rs: list[int], n: int, progress=None) -> list[float]:

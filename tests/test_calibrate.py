@@ -135,6 +135,40 @@ def test_calibrate_writes_the_record_auto_and_the_planner_read(tiny):
     assert load_model(tiny, n_ctx=32, critical="auto").policy.profile == prof
 
 
+def test_calibrate_times_the_step_the_plan_runs(tiny, tmp_path, monkeypatch, capsys):
+    """On a GPU plan (the stand-in GPU) the latency model comes from whole GPU steps
+    and the record names the plan; `auto` on that plan takes the profile silently,
+    on another plan with a note. `calibrate --mode cpu` times the CPU step."""
+    from rapidmoe.app.cli import main
+    from rapidmoe.engine.plan import PlanRequest
+
+    monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
+    src = tmp_path / "g.gguf"
+    src.write_bytes(tiny.read_bytes())
+    rec = calibrate(src, n_tokens=32, seg_len=32, slopes=(1.0,))
+    assert rec["mode"] == "gpu-residual" and rec["placement"].startswith("stand-in GPU 0: ")
+    dec, pre = rec["latency"]["decode_layer_s"], rec["latency"]["prefill_layer_s"]
+    for v in (dec, pre):  # a line in r through whole steps, shared by the layers
+        assert len(v) == 5 and min(v) > 0 and np.diff(v).min() >= 0
+        np.testing.assert_allclose(np.diff(v), v[-1] - v[-2], rtol=1e-6, atol=2e-9)  # R(0) >= 1e-9
+    assert rec["latency"]["n_moe_layers"] == 2
+    notes: list[str] = []
+    m = load_model(src, n_ctx=32, critical="auto", log=notes.append)
+    assert m.plan.mode == "gpu-residual" and m.policy.profile.to_json() == rec["profile"]
+    assert not any("calibrated on" in n for n in notes), notes
+    m = load_model(src, n_ctx=32, critical="auto", log=notes.append, placement=PlanRequest(mode="cpu"))
+    assert m.policy.profile.to_json() == rec["profile"]
+    assert any("calibrated on a gpu-residual plan, this one is cpu" in n for n in notes), notes
+
+    args = ["calibrate", "-m", str(src), "--tokens", "32", "--segment", "32"]
+    assert main([*args, "--mode", "cpu", "--json"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert cpu["mode"] == "cpu" and cpu["placement"] == load_model(src, n_ctx=32, critical="k",
+                                                                   placement=PlanRequest(mode="cpu")).placement
+    assert main(["calibrate", "-m", str(src), "--show"]) == 0
+    assert f"timed on: {cpu['placement']}" in capsys.readouterr().out
+
+
 def test_layer_sensitivity_per_layer_and_grouped(tiny):
     m = load_model(tiny, n_ctx=32, critical="k")
     toks = m.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)[:64]
