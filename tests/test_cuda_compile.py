@@ -315,11 +315,13 @@ def test_gpu_gguf_weights_emulated(emulated_gpu):
 
 @pytest.mark.parametrize("T", [2, 16])
 @pytest.mark.parametrize("r, cached", [(0, "all"), (2, "some")])
-def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached):
+def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached, monkeypatch):
     """The residual-split schedule through the GPU code path (GEMV at T=2, the
     dequantize + GEMM prefill path at T=16) against the float64 oracle. With every
     slot on the device (r=0, all cached) only the GPU's own rounding is left; with
-    CPU slots in the mix the CPU kernels' int8 activations (~1%) come in too."""
+    CPU slots in the mix the CPU kernels' int8 activations (~1%) come in too. In
+    prefill each used expert's W_Q gate/up is dequantized once, critical or not."""
+    from rapidmoe.engine.gpu import kernels as gk
     from rapidmoe.engine.gpu.device import EmulatedGpuDevice
     from rapidmoe.engine.gpu.reference import split_layer_reference
     from rapidmoe.engine.gpu.schedule import SplitSchedule
@@ -345,8 +347,19 @@ def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached):
     ids_cached = np.arange(E, dtype=np.int32) if cached == "all" else np.array([0, 2, 4, 5, 7, 1], np.int32)
     cache = build_layer_cache(dev, p["gate_q"], p["up_q"], p["down_q"], ids_cached)
     sched = SplitSchedule(0, p, dev, cache)
+    dequantized: list[int] = []
+    real = gk.wq_dequant_bf16
+
+    def counted(wq, ids_dev, n):
+        if n == H:  # gate and up (down's rows are H long too, but its n is F)
+            dequantized.extend(ids_dev.tolist())
+        return real(wq, ids_dev, n)
+    monkeypatch.setattr(gk, "wq_dequant_bf16", counted)
     out = dev.result(sched(x, ids, w, Step(FixedCritical(r), prefill=T > 1))).double().numpy()
     err = _rel(out, ref)
+    used = {int(cache.slot_of[e]) for e in ids.reshape(-1).tolist() if cache.slot_of[e] >= 0}
+    # T=16: gate and up of each used cached expert exactly once; T=2: the GEMV, no dequantization
+    assert sorted(dequantized) == (sorted(2 * list(used)) if T == 16 else []), dequantized
     if cached == "all":
         assert sched.stats.groups["C"] == T * k
         assert err < (1e-3 if T == 2 else 1e-2), err  # int16 x in the GEMV; bf16 GEMMs in prefill

@@ -9,6 +9,9 @@ standing in for the GPU (tests) and on a real GPU:
     new_layer()                        the previous layer's copies are complete (its staging
                                        buffers may be reused)
     gate_up(wg, wu, eid, x, xrow, swiglu)   W_Q gate/up of selected slots
+    gate_up_split(wg, wu, eid, x, xrow, n_crit)
+                                       the same for critical slots [0, n_crit) (raw gate and up,
+                                       copied to the host first) and the rest (silu(gate)·up)
     down(wd, eid, h, scale)            W_Q down of selected slots, scaled per slot
     index_add(out, tok, y)             out[tok[i]] += y[i]
     zeros(T, H)
@@ -99,6 +102,9 @@ class StandInDevice:
             return self._run(fn, x)
         pair = self._run(fn, x)
         return self._run(lambda p: p[0], pair), self._run(lambda p: p[1], pair)
+
+    def gate_up_split(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
+        return split_gate_up(self, wg, wu, eid, x, xrow, n_crit)
 
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
         def fn(hv):
@@ -228,6 +234,16 @@ class CudaDevice:
     def gate_up(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool):
         return slots_gate_up(wg, wu, eid, x, xrow, swiglu, self._ids)
 
+    def gate_up_split(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
+        from .prefill import grouped_gate_up_split, use_grouped
+
+        if not use_grouped(eid):
+            return split_gate_up(self, wg, wu, eid, x, xrow, n_crit)
+        self.segment_begin("W_Q gate/up")
+        out = grouped_gate_up_split(wg, wu, eid, x, xrow, n_crit, lambda g, u: self.to_host(g, u))
+        self.segment_end("W_Q gate/up")
+        return out
+
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
         scale_d = self.to_device(scale.to(torch.float32))
         return slots_down(wd, eid, h, scale_d, self._ids)
@@ -264,6 +280,22 @@ class CudaDevice:
 
     def result(self, t) -> torch.Tensor:
         return t
+
+
+def split_gate_up(dev, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
+    """gate_up_split from two gate_up calls: the critical slots' first, their copy
+    to the host issued before the rest. -> (Pending (g, u) or None, h or None)."""
+    gu = h = None
+    if n_crit:
+        dev.segment_begin("critical gate/up")
+        g, u = dev.gate_up(wg, wu, eid[:n_crit], x, xrow[:n_crit], swiglu=False)
+        dev.segment_end("critical gate/up")
+        gu = dev.to_host(g, u)  # one copy, one wait
+    if eid.numel() > n_crit:
+        dev.segment_begin("W_Q gate/up")
+        h = dev.gate_up(wg, wu, eid[n_crit:], x, xrow[n_crit:], swiglu=True)
+        dev.segment_end("W_Q gate/up")
+    return gu, h
 
 
 def slots_gate_up(wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool, to_dev):
@@ -320,6 +352,16 @@ class EmulatedGpuDevice(StandInDevice):
             return self._run(lambda xv: slots_gate_up(wg, wu, eid, xv, xrow, True, ids), x)
         pair = self._run(lambda xv: slots_gate_up(wg, wu, eid, xv, xrow, False, ids), x)
         return self._run(lambda p: p[0], pair), self._run(lambda p: p[1], pair)
+
+    def gate_up_split(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
+        from .prefill import grouped_gate_up_split, use_grouped
+
+        if not use_grouped(eid):
+            return split_gate_up(self, wg, wu, eid, x, xrow, n_crit)
+        copy = lambda g, u: (g.clone(), u.clone())  # noqa: E731  the host copy, taken when issued
+        res = self._run(lambda xv: grouped_gate_up_split(wg, wu, eid, xv, xrow, n_crit, copy), x)
+        gu = Pending(lambda: res.result()[0]) if n_crit else None
+        return gu, (self._run(lambda p: p[1], res) if eid.numel() > n_crit else None)
 
     def down(self, wd, eid: torch.Tensor, h, scale: torch.Tensor):
         ids = lambda a: a.to(torch.int32).contiguous()  # noqa: E731

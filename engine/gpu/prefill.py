@@ -1,6 +1,8 @@
 """W_Q experts over many tokens (prefill): dequantize each used expert to bf16
 and run its tokens through a tensor-core GEMM, a few experts at a time so the
-bf16 copies stay small. Decode-sized batches use the GEMV kernels instead."""
+bf16 copies stay small; an expert that is critical for some tokens and not for
+others is dequantized once for both. Decode-sized batches use the GEMV kernels
+instead."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +54,49 @@ def grouped_gate_up(wg: torch.Tensor, wu: torch.Tensor, eid: torch.Tensor, x: to
             else:
                 g_out[sl], u_out[sl] = g, u
     return g_out if swiglu else (g_out, u_out)
+
+
+def _on(a: np.ndarray, dev) -> torch.Tensor:
+    return torch.from_numpy(a).to(dev)
+
+
+def grouped_gate_up_split(wg: torch.Tensor, wu: torch.Tensor, eid: torch.Tensor, x: torch.Tensor,
+                          xrow: torch.Tensor, n_crit: int, on_crit):
+    """Slots [0, n_crit) are critical (raw gate and up: the CPU adds the residuals),
+    the rest get silu(gate)·up, in one pass where each used expert is dequantized
+    once. Experts with critical slots go first, and on_crit(g, u) is called as soon
+    as their products are issued, so that copy overlaps the rest.
+    -> (on_crit's result or None, h [S - n_crit, F] or None)."""
+    dev = wg.device
+    S, Fd, H = eid.numel(), wg.shape[1], x.shape[1]
+    g_c = torch.empty(n_crit, Fd, dtype=torch.float32, device=dev)
+    u_c = torch.empty(n_crit, Fd, dtype=torch.float32, device=dev)
+    h = torch.empty(S - n_crit, Fd, dtype=torch.float32, device=dev)
+    groups = sorted(_groups(eid.numpy()), key=lambda g: bool(g[1][0] >= n_crit))  # slots ascend per expert
+    n_crit_experts = sum(1 for _, slots in groups if slots[0] < n_crit)
+    xr = xrow.numpy()
+    sent, done = None, 0
+    for chunk in _chunks(groups, EXPERTS_PER_CHUNK):
+        ids = torch.tensor([e for e, _ in chunk], dtype=torch.int32).to(dev)
+        Wg, Wu = gk.wq_dequant_bf16(wg, ids, H), gk.wq_dequant_bf16(wu, ids, H)  # [G, F, H]
+        for i, (_, slots) in enumerate(chunk):
+            xe = x[torch.from_numpy(xr[slots]).long().to(dev)].to(torch.bfloat16)  # [n, H]
+            g = (xe @ Wg[i].T).float()
+            u = (xe @ Wu[i].T).float()
+            # this expert's critical and other rows, as index lists from the host (a
+            # boolean mask would make the device sync)
+            ic, ir = np.nonzero(slots < n_crit)[0], np.nonzero(slots >= n_crit)[0]
+            if len(ic):
+                gc, uc = (g, u) if not len(ir) else (g[_on(ic, dev)], u[_on(ic, dev)])
+                sl = _on(slots[ic], dev)
+                g_c[sl], u_c[sl] = gc, uc
+            if len(ir):
+                gr, ur = (g, u) if not len(ic) else (g[_on(ir, dev)], u[_on(ir, dev)])
+                h[_on(slots[ir] - n_crit, dev)] = F.silu(gr) * ur
+            done += 1
+            if done == n_crit_experts and n_crit:
+                sent = on_crit(g_c, u_c)
+    return sent, (h if S > n_crit else None)
 
 
 def grouped_down(wd: torch.Tensor, eid: torch.Tensor, h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -92,22 +92,17 @@ class SplitSchedule:
         slot = self.cache.slot_of
         t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
 
-        gu_host = None
-        if len(A):  # the critical experts' W_Q gate/up go first: the CPU is waiting for them
-            dev.segment_begin("critical gate/up")
-            g, u = dev.gate_up(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[A]]), x_dev,
-                               torch.from_numpy(plan.tok[A].astype(np.int32)), swiglu=False)
-            dev.segment_end("critical gate/up")
-            gu_host = dev.to_host(g, u)  # one copy, one wait
+        # W_Q gate/up of every cached slot, the critical ones (A) first: the CPU is waiting
+        # for them; in prefill each expert's W_Q is dequantized once for both groups
+        AC = np.concatenate([A, C])
+        gu_host, h = dev.gate_up_split(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[AC]]), x_dev,
+                                       torch.from_numpy(plan.tok[AC].astype(np.int32)), len(A))
         out_dev = dev.zeros(T, self.H)
         if len(C):
-            dev.segment_begin("W_Q experts")
-            e_c = torch.from_numpy(slot[plan.eid[C]])
-            h = dev.gate_up(self.cache.gate, self.cache.up, e_c, x_dev,
-                            torch.from_numpy(plan.tok[C].astype(np.int32)), swiglu=True)
-            y = dev.down(self.cache.down, e_c, h, torch.from_numpy(plan.w[C]))
+            dev.segment_begin("W_Q down")
+            y = dev.down(self.cache.down, torch.from_numpy(slot[plan.eid[C]]), h, torch.from_numpy(plan.w[C]))
             out_dev = dev.index_add(out_dev, t_long(C), y)
-            dev.segment_end("W_Q experts")
+            dev.segment_end("W_Q down")
 
         t0 = time.perf_counter()
         xh = x_host.wait().float().contiguous()  # [T, H]
