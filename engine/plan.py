@@ -166,8 +166,8 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
     ws = gpu_workspace_bytes(s, ctx)
     caps = [b - CUDA_CONTEXT_BYTES - ws for b in budgets]
     kv_l = ctx * s.kv_bytes_per_token(kv_type) // max(1, s.n_layer)
-    base = [lb + kv_l for lb in s.layer_bytes]
-    head = s.head_bytes if not s.tied_head else s.head_bytes + s.embd_bytes  # a tied head reads the whole table
+    base = [lb + kv_l for lb in s.gpu_layer_bytes]
+    head = s.gpu_head_bytes  # a tied head: the whole embedding table
     free = sum(caps) - sum(base) - head
     if min(caps) <= 0 or free < 0:
         return None
@@ -191,7 +191,7 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
             continue
         a, b = mine[0], mine[-1]
         spans.append((dev, a, b))
-        comps.append(Component(f"non-expert weights, layers {a}-{b}", sum(s.layer_bytes[i] for i in mine), dev))
+        comps.append(Component(f"non-expert weights, layers {a}-{b}", sum(s.gpu_layer_bytes[i] for i in mine), dev))
         comps.append(Component(f"KV cache ({kv_type}, {ctx} tokens), layers {a}-{b}", kv_l * len(mine), dev))
         c = sum(per_layer[i] for i in mine)
         if c:
@@ -208,7 +208,8 @@ def _gpu_plan(s: ModelSizes, ctx: int, gpus: list[str], budgets: list[int], n_ca
         host.append(Component(f"W_Q of {n_all - n} uncached experts (run on the CPU)", (n_all - n) * s.wq_bytes, "cpu"))
     host.append(Component("host working memory (tokenizer, CPU expert buffers)",
                           host_workspace_bytes(s, chunk), "cpu"))
-    notes = (f"non-expert weights in VRAM: {types}",
+    notes = (f"non-expert weights in VRAM from {types} (Q8_0/Q4_K/Q5_K/Q6_K matrices as they are, other "
+             "matrices bf16, vectors and F32 f32)",
              "the pack is memory-mapped: pages uploaded to VRAM stay in the page cache only while DRAM is spare")
     return comps + host, tuple(order[:n]), tuple(spans), notes
 
@@ -304,7 +305,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         n_req = total_slots if mode == "gpu-residual" else want
         p = gpu(n_req)
         if p is None:
-            need = sum(s.layer_bytes) + ctx * s.kv_bytes_per_token(kv_type) + s.head_bytes
+            need = sum(s.gpu_layer_bytes) + ctx * s.kv_bytes_per_token(kv_type) + s.gpu_head_bytes
             why = (f"too little VRAM: the non-expert weights and KV cache need {fmt_bytes(need)} plus "
                    f"{fmt_bytes(CUDA_CONTEXT_BYTES)} CUDA context and activation buffers per GPU; "
                    f"budget {fmt_bytes(sum(budgets))}")

@@ -67,9 +67,11 @@ class ModelSizes:
     wr_bytes: int  # gate + up residuals
     d4_bytes: int  # down's CPU copy
     layer_bytes: tuple[int, ...]  # per layer: every non-routed-expert tensor (attention, norms, router, shared/dense FFN)
+    gpu_layer_bytes: tuple[int, ...]  # the same tensors as the GPU step places them (engine/gpu/formats.py)
     embd_bytes: int  # token_embd (rows are looked up: it stays in DRAM)
     head_bytes: int  # output (+ output_norm); 0 when tied to the embedding besides the norm
     tied_head: bool
+    gpu_head_bytes: int  # the output head (+ norm) as placed on a GPU; tied: the embedding table's
     f32_bytes: int  # F32 tensors the engine copies out of the mapping (norms, routers)
     nonexpert_types: tuple[tuple[str, int], ...]  # (source type, bytes), largest first
     kv_values_per_token: int  # cache values per token over all layers (engine/kv_types.py)
@@ -119,7 +121,10 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
     cfg = check_model(g, tokenizer=False)  # every count below is checked against the file's tensors first
     if not cfg.n_expert:
         raise ModelFileError(g.path, "no routed experts: nothing to split or place (plan is for MoE models)")
+    from .gpu.formats import vram_bytes
+
     per_layer = [0] * cfg.n_layer
+    gpu_layer = [0] * cfg.n_layer
     types: dict[str, int] = defaultdict(int)
     moe_layers = set()
     f32 = 0
@@ -134,6 +139,7 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
             continue  # e.g. rope_freqs: not used by the engine
         if il is not None:
             per_layer[il] += t.nbytes
+            gpu_layer[il] += vram_bytes(t.name, t.ggml_type, t.ne, t.nbytes)
         types[t.type_name] += t.nbytes
         if t.type_name == "F32":
             f32 += t.nbytes
@@ -142,13 +148,17 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
     embd = g.tensors["token_embd.weight"].nbytes
     tied = "output.weight" not in g.tensors
     head = sum(g.tensors[n].nbytes for n in ("output.weight", "output_norm.weight") if n in g.tensors)
+    gpu_head = sum(vram_bytes(t.name, t.ggml_type, t.ne, t.nbytes) for n in
+                   ("token_embd.weight" if tied else "output.weight", "output_norm.weight")
+                   if (t := g.tensors.get(n)) is not None)
     wq, wr, d4 = expert_part_bytes(cfg)
     return ModelSizes(
         name=name or Path(g.path).name, arch=cfg.arch, n_layer=cfg.n_layer, n_ctx_train=cfg.n_ctx_train,
         n_embd=cfg.n_embd, n_head=cfg.n_head, n_vocab=cfg.n_vocab, n_expert=cfg.n_expert,
         n_expert_used=cfg.n_expert_used, n_ff_exp=cfg.n_ff_exp, head_dim=max(cfg.head_dim, cfg.head_dim_v),
         expert_layers=tuple(sorted(moe_layers)), wq_bytes=wq, wr_bytes=wr, d4_bytes=d4,
-        layer_bytes=tuple(per_layer), embd_bytes=embd, head_bytes=head, tied_head=tied, f32_bytes=f32,
+        layer_bytes=tuple(per_layer), gpu_layer_bytes=tuple(gpu_layer), embd_bytes=embd, head_bytes=head,
+        tied_head=tied, gpu_head_bytes=gpu_head, f32_bytes=f32,
         nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
         kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
         source_bytes=g.size_bytes)

@@ -39,8 +39,8 @@ def _sizes(spec: str, meta: dict) -> ModelSizes:
         name=spec, arch=cfg.arch, n_layer=cfg.n_layer, n_ctx_train=cfg.n_ctx_train, n_embd=H, n_head=cfg.n_head,
         n_vocab=cfg.n_vocab, n_expert=E, n_expert_used=cfg.n_expert_used, n_ff_exp=cfg.n_ff_exp,
         head_dim=max(cfg.head_dim, cfg.head_dim_v), expert_layers=tuple(range(cfg.n_layer)), wq_bytes=wq,
-        wr_bytes=wr, d4_bytes=d4, layer_bytes=(layer,) * cfg.n_layer, embd_bytes=embd, head_bytes=head,
-        tied_head=False, f32_bytes=cfg.n_layer * (H * E * 4 + 2 * H * 4), nonexpert_types=(("Q4_K_M (est.)", layer * cfg.n_layer + embd + head),),
+        wr_bytes=wr, d4_bytes=d4, layer_bytes=(layer,) * cfg.n_layer, gpu_layer_bytes=(layer,) * cfg.n_layer,
+        embd_bytes=embd, head_bytes=head, tied_head=False, gpu_head_bytes=head, f32_bytes=cfg.n_layer * (H * E * 4 + 2 * H * 4), nonexpert_types=(("Q4_K_M (est.)", layer * cfg.n_layer + embd + head),),
         kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
         source_bytes=layer * cfg.n_layer + embd + head + expert_src)
 

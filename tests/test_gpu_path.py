@@ -304,6 +304,19 @@ def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emu
     assert isinstance(gpu.net.output, GpuQWeight) and isinstance(attn.wo, GpuQWeight)
     if arch == "deepseek2":
         assert attn.k_b.dtype == torch.bfloat16 and attn.k_b.dim() == 3
+
+    # the plan's VRAM for the non-expert weights is what was placed, layer by layer and the head
+    def nbytes(v) -> int:
+        return v.nbytes if isinstance(v, GpuQWeight) else v.numel() * v.element_size()
+
+    def placed(*objs) -> int:
+        return sum(nbytes(v) for obj in objs for k, v in vars(obj).items()
+                   if k not in ("rope", "experts") and isinstance(v, (GpuQWeight, torch.Tensor)))
+    per_layer = [placed(b, b.attn, b.ffn, *([b.ffn.shared] if getattr(b.ffn, "shared", None) else []))
+                 for b in gpu.net.blocks]
+    comps = {c.name: c.bytes for c in gpu.plan.components if c.device != "cpu"}
+    assert comps[f"non-expert weights, layers 0-{len(per_layer) - 1}"] == sum(per_layer)
+    assert comps["output head"] == nbytes(gpu.net.output) + nbytes(gpu.net.output_norm)
     for got, ref in ((_logits(gpu, toks, False), ref_pre), (_logits(gpu, toks[:4], True), ref_dec)):
         d = divergence(ref, got)
         assert d.kl_mean < 5e-3 and d.top1 >= 0.9, d

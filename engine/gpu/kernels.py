@@ -10,6 +10,7 @@ import threading
 import torch
 
 from .driver import Driver, Kernel
+from .formats import GGUF_GEMV_TYPES
 
 # name -> (module, signature)
 _SIGS = {
@@ -34,7 +35,7 @@ _SIGS.update({f"ggml_gemv_{f}_t{nt}": ("ggml_gemv", "piiippipi") for f in GG_FOR
 GU_VARIANTS = {2: "wq_gemv_gate_up", 1: "wq_gemv_gate_up_r1", 4: "wq_gemv_gate_up_r4"}
 DN_VARIANTS = {4: "wq_gemv", 2: "wq_gemv_r2", 8: "wq_gemv_r8"}
 GU_RPW, DN_RPW = 2, 4  # defaults
-GGML_TYPES = {8: (32, 34), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # Q8_0, Q4_K, Q5_K, Q6_K
+GGML_TYPES = GGUF_GEMV_TYPES  # Q8_0, Q4_K, Q5_K, Q6_K: (block, bytes)
 
 _lock = threading.Lock()
 _state: dict = {}
