@@ -235,7 +235,10 @@ def run_prompt(args, prompt: str) -> int:
             print("rapidmoe-chat: stopped: the context window is full (raise --ctx)", file=sys.stderr)
     if args.verbose:  # a server's prompt speed only when it reports one (`timings`)
         prompt_rate = f", {final.prompt_tok_s:.1f} tok/s" if model or final.prompt_tok_s else ""
-        print(f"prompt: {final.prompt_tokens} tokens{prompt_rate} | "
+        # a server that sends no `usage` leaves the count at 0 (a prompt never has 0 tokens)
+        read = (f"{final.prompt_tokens} tokens{prompt_rate}" if model or final.prompt_tokens
+                else "not reported by the server")
+        print(f"prompt: {read} | "
               f"decode: {final.completion_tokens} tokens, {final.decode_tok_s:.1f} tok/s | "
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
         print(f"placement: {model.placement}" if model else f"answered by: {chat.answered_by} ({remote.base_url})",

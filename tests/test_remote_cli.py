@@ -85,6 +85,52 @@ def test_endpoint_flag_and_refusals_are_one_line(home, srv):
     assert "cannot reach" in one_line_error(cli("-m", "gone:x", "-p", "hi", env=env))
 
 
+@pytest.fixture
+def bare_server():
+    """A server that streams a reply with no `usage` and no `timings` (as
+    llama-cpp-python's does): its base URL."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):  # /v1/models
+            body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            chunks = ['{"choices": [{"delta": {"content": "Paris"}}]}',
+                      '{"choices": [{"delta": {"content": "."}, "finish_reason": "stop"}]}', "[DONE]"]
+            body = "".join(f"data: {c}\n\n" for c in chunks).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+
+
+def test_a_server_without_token_counts_is_not_said_to_have_read_none(tmp_path, bare_server):
+    """`--verbose` says the prompt's count was not reported instead of printing 0 tokens."""
+    r = cli("--endpoint", bare_server, "-m", "m", "-p", "hi", "--verbose", "--no-history",
+            env={"RAPIDMOE_CONFIG_DIR": str(tmp_path / "c"), "RAPIDMOE_DATA_DIR": str(tmp_path / "d")})
+    assert r.returncode == 0 and r.stdout.strip() == "Paris.", r.stderr
+    assert "prompt: not reported by the server | decode: 2 tokens" in r.stderr, r.stderr
+
+
 def provider_app(tmp_path, model: str, max_tokens: int):
     """The TUI on a provider's model, greedy, its history and config under tmp_path."""
     from rapidmoe.app.config import load_config
@@ -130,6 +176,31 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
             await wait_for(pilot, lambda: "local:demo" in ids())  # asked in the background
             assert "demo" in ids()
             await pilot.press("escape")
+
+    asyncio.run(main())
+
+
+def test_the_tui_shows_no_prompt_speed_a_server_did_not_report(tmp_path, bare_server, monkeypatch):
+    """Status bar and the reply's footer: no "prompt 0 tok/s" from a server without timings."""
+    from rapidmoe.app.tui.message import MessageView
+    from tui_helpers import SIZE, ready, send, wait_for
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.toml").write_text(f'[providers.bare]\nbase_url = "{bare_server}"\n')
+    monkeypatch.setenv("RAPIDMOE_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("RAPIDMOE_DATA_DIR", str(tmp_path / "data"))
+
+    async def main():
+        app = provider_app(tmp_path, "bare:m", 6)
+        async with app.run_test(size=SIZE) as pilot:
+            scr = await ready(pilot)
+            await send(pilot, "hi")
+            await wait_for(pilot, lambda: not scr.generating)
+            assert scr.last_final.text == "Paris." and scr.last_final.prompt_tok_s == 0.0
+            line = str(scr.status.line_text())
+            assert re.search(r"decode \d+\.\d tok/s", line) and "prompt 0 tok/s" not in line, line
+            footer = str(scr.query(MessageView).last().query_one(".footer").render())
+            assert "tok/s" in footer and "prompt" not in footer, footer
 
     asyncio.run(main())
 

@@ -261,7 +261,8 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
                                 self._live["critical"] = e.critical
                     elif isinstance(e, PromptProcessed):
                         with self._buf_lock:
-                            self._live.update(prompt_tok_s=e.prompt_tok_s, ttft_s=e.ttft_s, prompt=e)
+                            # 0: nobody measured it (a server that reports no timings)
+                            self._live.update(prompt_tok_s=e.prompt_tok_s or None, ttft_s=e.ttft_s, prompt=e)
                     elif isinstance(e, Finished):
                         self.post_message(ReplyDone(e, view))
             except BaseException as e:
@@ -307,7 +308,7 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
             self.stop_latencies.append(latency)
             self.stop_requested_at = None
         self.status.set_state("")
-        self.status.set_stats(decode_tok_s=f.decode_tok_s, prompt_tok_s=f.prompt_tok_s, ttft_s=f.ttft_s)
+        self.status.set_stats(decode_tok_s=f.decode_tok_s, prompt_tok_s=f.prompt_tok_s or None, ttft_s=f.ttft_s)
         stats = {"finish_reason": f.finish_reason, "prompt_tokens": f.prompt_tokens,
                  "completion_tokens": f.completion_tokens, "ttft_s": round(f.ttft_s, 4),
                  "prompt_tok_s": round(f.prompt_tok_s, 2), "decode_tok_s": round(f.decode_tok_s, 2),
@@ -412,5 +413,5 @@ def _title_from(text: str) -> str:
 def _footer(f: Finished) -> str:
     tail = {"stop": "", "cancelled": " · stopped", "length": " · max tokens reached",
             "context": " · context full"}.get(f.finish_reason, f" · {f.finish_reason}")
-    return (f"{f.completion_tokens} tok · {f.decode_tok_s:.1f} tok/s · prompt {f.prompt_tok_s:.0f} tok/s · "
-            f"TTFT {f.ttft_s:.2f} s{tail}")
+    prompt = f"prompt {f.prompt_tok_s:.0f} tok/s · " if f.prompt_tok_s else ""  # 0: a server that reports none
+    return f"{f.completion_tokens} tok · {f.decode_tok_s:.1f} tok/s · {prompt}TTFT {f.ttft_s:.2f} s{tail}"
