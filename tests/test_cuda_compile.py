@@ -279,6 +279,38 @@ def test_ggml_gemv_emulated(emulated_gpu, qtype):
     assert np.sqrt(d2 / r2) < 1e-2
 
 
+@pytest.mark.parametrize("qtype", sorted(GGML), ids=lambda t: GGML[t][0])
+def test_ggml_gemv_per_head_stacks_emulated(emulated_gpu, qtype):
+    """heads > 1 (MLA's attn_k_b / attn_v_b): one launch whose head h multiplies its own
+    matrix by its own slice of x is bit for bit each head's own GEMV (x's 32-blocks
+    never straddle two heads); GpuQWeight.per_head takes it up to 8 tokens, a bf16
+    einsum beyond, both near the float64 product."""
+    from rapidmoe.engine.gpu.placement import GpuQWeight
+
+    _, blk, _, _ = GGML[qtype]
+    rng = np.random.default_rng(qtype + 300)
+    heads, R, nblk = 5, 12, 2 if blk == 256 else 5
+    n = blk * nblk
+    raw = _rand_ggml(rng, qtype, heads * R, nblk)  # [heads * R, rb]
+    for T, tpr in ((1, 16), (3, 32), (8, 8)):
+        x = rng.standard_normal((T, heads * n)).astype(np.float32)
+        y = emulated_gpu.ggml_gemv(torch.from_numpy(raw), qtype, n, torch.from_numpy(x), tpr=tpr, heads=heads)
+        assert y.shape == (T, heads * R)
+        for h in range(heads):
+            own = emulated_gpu.ggml_gemv(torch.from_numpy(raw[h * R:(h + 1) * R].copy()), qtype, n,
+                                         torch.from_numpy(x[:, h * n:(h + 1) * n].copy()), tpr=tpr)
+            assert torch.equal(y[:, h * R:(h + 1) * R], own), (T, h)
+    W = kernels.ggml_dequantize(raw, qtype, heads * R * n).reshape(heads, R, n).astype(np.float64)
+    stack = GpuQWeight(raw, qtype, (heads, R, n), device="cpu")
+    for T, bound in ((3, 1e-2), (12, 1e-2)):  # int8 x in the GEMV, bf16 in the einsum
+        x = torch.randn(T, heads, n, generator=torch.Generator().manual_seed(T))
+        ref = np.einsum("thi,hoi->tho", x.double().numpy(), W)
+        got = stack.per_head(x)
+        assert got.shape == (T, heads, R) and _rel(got, ref) < bound, T
+    with pytest.raises(ValueError, match="disagree"):
+        emulated_gpu.ggml_gemv(torch.from_numpy(raw), qtype, n, torch.zeros(1, heads * n), heads=4)
+
+
 def test_ggml_gemv_rejects_what_it_cannot_read(emulated_gpu):
     raw = torch.zeros(4 * 144 + 2, dtype=torch.uint8)[2:].view(4, 144)  # Q4_K rows starting 2 bytes in
     with pytest.raises(ValueError, match="16-byte"):

@@ -282,10 +282,10 @@ def emulated_kernels(tmp_path_factory):
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emulated_kernels, monkeypatch):
     """The GPU step as a real GPU runs it, its CUDA kernels on the emulator: non-expert
-    Q8_0 weights as GpuQWeight (GGUF GEMV), F32/F16 ones in torch types, MLA's per-head
-    stacks in bf16, W_Q through the GPU kernels. Close to the CPU split path: only the
-    GPU's own rounding differs (measured KL 2e-3 on deepseek2, where the per-head
-    stacks run in bf16; a wiring fault gives KL > 0.1)."""
+    Q8_0 weights, MLA's per-head stacks included, as GpuQWeight (GGUF GEMV), F32/F16
+    ones in torch types, W_Q through the GPU kernels. Close to the CPU split path:
+    only the GPU's own rounding differs (a wiring fault gives KL > 0.1). The plan's
+    VRAM for the non-expert weights is what was placed."""
     from rapidmoe.engine.gpu import device as gd
     from rapidmoe.engine.gpu.placement import GpuQWeight
 
@@ -302,8 +302,8 @@ def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emu
     gpu = load_model(src, n_ctx=32, critical=2, placement=exact)
     attn = gpu.net.blocks[0].attn
     assert isinstance(gpu.net.output, GpuQWeight) and isinstance(attn.wo, GpuQWeight)
-    if arch == "deepseek2":
-        assert attn.k_b.dtype == torch.bfloat16 and attn.k_b.dim() == 3
+    if arch == "deepseek2":  # MLA's per-head stacks in their GGUF type too
+        assert isinstance(attn.k_b, GpuQWeight) and len(attn.k_b.shape) == 3 and isinstance(attn.v_b, GpuQWeight)
 
     # the plan's VRAM for the non-expert weights is what was placed, layer by layer and the head
     def nbytes(v) -> int:

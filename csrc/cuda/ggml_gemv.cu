@@ -65,14 +65,15 @@ extern "C" __global__ void __launch_bounds__(256) ggml_quant_x(const float* __re
 // (threads per row is a multiple of IPB), so the item's geometry is loop-invariant.
 // load() issues the item's loads; dot() adds its products to acc[t], t < T.
 struct GgX {
-  const u8* q;       // [T, n] int8
-  const float2* s;   // [T, n/16]
+  const u8* q;       // token t's n values at q + t * ld (int8)
+  const float2* s;   // their scales at s + (t * ld) / 16
   int n, T;
+  i64 ld;            // values per token row of x (n, or heads * n)
 };
 
 // 16 quantized x at element e of token t, and their {dx, dx * sum q}.
-__device__ __forceinline__ uint4 gx_q(const GgX& X, int t, int e) { return ld16(X.q + (i64)t * X.n + e); }
-__device__ __forceinline__ float2 gx_s(const GgX& X, int t, int e) { return __ldg(X.s + ((i64)t * X.n + e) / 16); }
+__device__ __forceinline__ uint4 gx_q(const GgX& X, int t, int e) { return ld16(X.q + (i64)t * X.ld + e); }
+__device__ __forceinline__ float2 gx_s(const GgX& X, int t, int e) { return __ldg(X.s + ((i64)t * X.ld + e) / 16); }
 
 __device__ __forceinline__ int dot16(uint4 w, uint4 x) {
   return dp4a_ss(w.w, x.w, dp4a_ss(w.z, x.z, dp4a_ss(w.y, x.y, dp4a_ss(w.x, x.x, 0))));
@@ -214,21 +215,26 @@ __device__ __forceinline__ void gg_row(const u8* __restrict__ wrow, int nb, int 
   }
 }
 
-// y[t, row] = W[row] . x[t] for t < T <= NT. W: [R, rb] bytes of format F
-// (16-byte aligned; n a whole number of blocks); XQ, XS: x from ggml_quant_x;
-// y [T, R]. tpr threads per row (a power of two, 8..256): a CTA takes 256/tpr
-// consecutive rows, a row's threads split its items and reduce by shuffles, then
+// y[t, h, row] = W[h, row] . x[t, h] for t < T <= NT and H heads (H = 1: one
+// matrix; H > 1: MLA's per-head stacks, each head its own matrix and its own
+// slice of x). W: [H, R, rb] bytes of format F (16-byte aligned; n a whole number
+// of blocks); XQ, XS: x [T, H * n] from ggml_quant_x; y [T, H, R]. tpr threads
+// per row (a power of two, 8..256): a CTA takes 256/tpr consecutive rows of head
+// blockIdx.y, a row's threads split its items and reduce by shuffles, then
 // through shared memory when tpr > 32.
 template <class F, int NT>
 __device__ __forceinline__ void gg_gemv(const u8* __restrict__ W, int rb, int n, int R, const u8* __restrict__ XQ,
-                                        const float2* __restrict__ XS, int T, float* __restrict__ y, int tpr) {
+                                        const float2* __restrict__ XS, int T, float* __restrict__ y, int tpr, int H) {
   const int tid = threadIdx.x, lane = tid & 31, lr = tid & (tpr - 1);
-  const int row = blockIdx.x * (256 / tpr) + tid / tpr;
+  const int row = blockIdx.x * (256 / tpr) + tid / tpr, h = blockIdx.y;
+  const i64 yld = (i64)H * R;  // outputs per token
+  W += (i64)h * R * rb;
+  y += (i64)h * R;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   if (row < R) {  // no return: every thread reaches the shuffles and the barrier below
-    const GgX X{XQ, XS, n, T};
+    const GgX X{XQ + (i64)h * n, XS + (i64)h * n / 16, n, T, (i64)H * n};
     gg_row<F, NT>(W + (i64)row * rb, n / F::WEIGHTS, lr, tpr, X, acc);
   }
 #pragma unroll
@@ -242,7 +248,7 @@ __device__ __forceinline__ void gg_gemv(const u8* __restrict__ W, int rb, int n,
     if (lr == 0 && row < R) {
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (t < T) y[(i64)t * R + row] = acc[t];
+        if (t < T) y[(i64)t * yld + row] = acc[t];
     }
     return;
   }
@@ -256,19 +262,19 @@ __device__ __forceinline__ void gg_gemv(const u8* __restrict__ W, int rb, int n,
     const int w0 = (tid - lr) >> 5;
     float v = 0.0f;
     for (int w = 0; w < tpr / 32; ++w) v += part[w0 + w][lr];
-    y[(i64)lr * R + row] = v;
+    y[(i64)lr * yld + row] = v;
   }
 }
 
 // Entry points ggml_gemv_<format>_t<NT>, NT in 1, 2, 4, 8 (registers grow with
 // NT, so few tokens keep more threads resident); all take
-// (W, rb, n, R, XQ, XS, T, y, tpr). grid (ceil(R / (256 / tpr))), block 256.
+// (W, rb, n, R, XQ, XS, T, y, tpr, H). grid (ceil(R / (256 / tpr)), H), block 256.
 #define GG_FORMATS(X) X(q8_0, GgQ8_0) X(q4_k, GgQ45K<false>) X(q5_k, GgQ45K<true>) X(q6_k, GgQ6K)
 #define GG_ENTRY(fmt, F, NT)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) ggml_gemv_##fmt##_t##NT(                                     \
       const u8* __restrict__ W, int rb, int n, int R, const u8* __restrict__ XQ, const float2* __restrict__ XS, \
-      int T, float* __restrict__ y, int tpr) {                                                                  \
-    gg_gemv<F, NT>(W, rb, n, R, XQ, XS, T, y, tpr);                                                             \
+      int T, float* __restrict__ y, int tpr, int H) {                                                           \
+    gg_gemv<F, NT>(W, rb, n, R, XQ, XS, T, y, tpr, H);                                                          \
   }
 #define GG_ENTRIES(fmt, F) GG_ENTRY(fmt, F, 1) GG_ENTRY(fmt, F, 2) GG_ENTRY(fmt, F, 4) GG_ENTRY(fmt, F, 8)
 GG_FORMATS(GG_ENTRIES)

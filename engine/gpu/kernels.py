@@ -26,11 +26,11 @@ _SIGS = {
     "ggml_dequant_bf16": ("ggml_gemv", "ipiiip"),
 }
 # GGUF-type GEMV (csrc/cuda/ggml_gemv.cu): one entry point per format and token
-# capacity, ggml_gemv_<format>_t<NT> (W, rb, n, R, XQ, XS, T, y, tpr)
+# capacity, ggml_gemv_<format>_t<NT> (W, rb, n, R, XQ, XS, T, y, tpr, heads)
 GG_FORMATS = {8: "q8_0", 12: "q4_k", 13: "q5_k", 14: "q6_k"}
 GG_NT = (1, 2, 4, 8)
 GG_TMAX = GG_NT[-1]  # tokens per launch
-_SIGS.update({f"ggml_gemv_{f}_t{nt}": ("ggml_gemv", "piiippipi") for f in GG_FORMATS.values() for nt in GG_NT})
+_SIGS.update({f"ggml_gemv_{f}_t{nt}": ("ggml_gemv", "piiippipii") for f in GG_FORMATS.values() for nt in GG_NT})
 # rows per warp of each W_Q GEMV entry point (resplit_wq.cu); 8 warps per CTA
 GU_VARIANTS = {2: "wq_gemv_gate_up", 1: "wq_gemv_gate_up_r1", 4: "wq_gemv_gate_up_r4"}
 DN_VARIANTS = {4: "wq_gemv", 2: "wq_gemv_r2", 8: "wq_gemv_r8"}
@@ -194,32 +194,38 @@ def ggml_tpr(qtype: int, n: int, R: int) -> int:
     return tpr
 
 
-def ggml_gemv(w: torch.Tensor, qtype: int, n: int, x: torch.Tensor, tpr: int | None = None) -> torch.Tensor:
+def ggml_gemv(w: torch.Tensor, qtype: int, n: int, x: torch.Tensor, tpr: int | None = None,
+              heads: int = 1) -> torch.Tensor:
     """w [R, rb] uint8 in GGUF type qtype (Q8_0/Q4_K/Q5_K/Q6_K); x [T, n] float32 -> y [T, R].
+    heads > 1: w stacks one matrix per head ([heads * R, rb], head h's rows after
+    head h-1's) and x [T, heads * n] one slice per head; y [T, heads * R] (MLA's
+    per-head attn_k_b / attn_v_b in one launch).
     x is quantized to int8 per 32 elements first (ggml_quant_x), once for all rows.
     tpr: threads per row (a power of two, 8..256; default ggml_tpr)."""
     _check(w, torch.uint8, "ggml_gemv w")
     _check(x, torch.float32, "ggml_gemv x")
     qtype = int(qtype)
-    R, rb = w.shape
+    rows, rb = w.shape
+    R = rows // heads
     blk, bb = GGML_TYPES[qtype]
-    if n % blk or rb != n // blk * bb or x.shape[-1] != n:
-        raise ValueError(f"ggml_gemv: w [{R}, {rb}] of type {qtype} and x {tuple(x.shape)} disagree on n = {n}")
+    if heads < 1 or rows % heads or n % blk or rb != n // blk * bb or x.shape[-1] != heads * n:
+        raise ValueError(f"ggml_gemv: w [{rows}, {rb}] of type {qtype} in {heads} heads and x {tuple(x.shape)} "
+                         f"disagree on n = {n}")
     if w.data_ptr() % 16:
         raise ValueError("ggml_gemv: w must start on a 16-byte boundary (the kernel reads it 16 bytes at a time)")
-    tpr = tpr or ggml_tpr(qtype, n, R)
+    tpr = tpr or ggml_tpr(qtype, n, rows)
     if tpr not in (8, 16, 32, 64, 128, 256):
         raise ValueError(f"ggml_gemv: tpr = {tpr} is not a power of two in 8..256")
     T = x.shape[0]
-    y = torch.empty(T, R, dtype=torch.float32, device=w.device)
+    y = torch.empty(T, rows, dtype=torch.float32, device=w.device)
     if T == 0 or R == 0:
         return y
     XQ, XS = ggml_quant_x(x)
     for t0 in range(0, T, GG_TMAX):
         t1 = min(T, t0 + GG_TMAX)
         nt = next(c for c in GG_NT if c >= t1 - t0)
-        _launch(f"ggml_gemv_{GG_FORMATS[qtype]}_t{nt}", w.device, (-(-R // (256 // tpr)),), w.data_ptr(), rb, n, R,
-                XQ[t0].data_ptr(), XS[t0].data_ptr(), t1 - t0, y[t0].data_ptr(), tpr)
+        _launch(f"ggml_gemv_{GG_FORMATS[qtype]}_t{nt}", w.device, (-(-R // (256 // tpr)), heads), w.data_ptr(), rb,
+                n, R, XQ[t0].data_ptr(), XS[t0].data_ptr(), t1 - t0, y[t0].data_ptr(), tpr, heads)
     return y
 
 

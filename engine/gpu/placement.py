@@ -1,7 +1,7 @@
-"""Non-expert weights on the GPU in their source GGUF types (attention, shared
-experts, dense FFNs, output head): Q8_0/Q4_K/Q5_K/Q6_K stay quantized and run
-through the dequantize-GEMV kernels (decode) or a dequantize-to-bf16 + tensor-core
-GEMM (prefill); float tensors go to bf16, or f32 when VRAM allows.
+"""Non-expert weights on the GPU in their source GGUF types (attention, MLA's
+per-head stacks, shared experts, dense FFNs, output head): Q8_0/Q4_K/Q5_K/Q6_K
+stay quantized and run through the dequantize-GEMV kernels (decode) or a
+dequantize-to-bf16 + tensor-core GEMM (prefill); other types go to bf16, F32 stays f32.
 DeepSeek-V3's ~17 B non-expert parameters: ~34 GB in bf16, ~9.5 GB at ~4.5 bpw."""
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ DECODE_MAX_TOKENS = 8  # up to this many rows of x the GEMV kernel wins (weights
 
 
 class GpuQWeight:
-    """A matrix [rows, n] kept as its GGUF bytes on the GPU."""
+    """A matrix [rows, n], or a stack of per-head matrices [heads, rows, n] (MLA's
+    attn_k_b / attn_v_b), kept as its GGUF bytes on the GPU."""
 
     def __init__(self, raw: np.ndarray, qtype: int, shape: tuple[int, ...], device="cuda"):
-        if len(shape) != 2 or not gk.ggml_supported(qtype):
-            raise ValueError(f"GPU GGUF matrices: Q8_0/Q4_K/Q5_K/Q6_K 2-D (got type {qtype}, shape {shape})")
+        if len(shape) not in (2, 3) or not gk.ggml_supported(qtype):
+            raise ValueError(f"GPU GGUF matrices: Q8_0/Q4_K/Q5_K/Q6_K, 2-D or per-head 3-D (got type {qtype}, "
+                             f"shape {shape})")
         self.qtype, self.shape = int(qtype), tuple(shape)
-        rows, n = shape
-        arr = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+        arr = np.ascontiguousarray(raw).view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)  # [heads * rows, rb]
         if not arr.flags.writeable and torch.device(device).type == "cpu":
             arr = arr.copy()  # torch never aliases a read-only mapping (the emulated GPU's case)
         self.raw = torch.from_numpy(arr).to(device)
@@ -45,6 +46,16 @@ class GpuQWeight:
         w = gk.ggml_dequant_bf16(self.raw, self.qtype, self.shape[1])  # [rows, n], freed after use
         return (x.to(torch.bfloat16) @ w.T).float()
 
+    def per_head(self, x: torch.Tensor) -> torch.Tensor:
+        """A stack's heads, each on its own slice: x [T, heads, n] -> [T, heads, rows]."""
+        heads, rows, n = self.shape
+        T = x.shape[0]
+        x = x.to(self.raw.device, torch.float32).reshape(T, heads * n).contiguous()
+        if T <= DECODE_MAX_TOKENS:
+            return gk.ggml_gemv(self.raw, self.qtype, n, x, heads=heads).view(T, heads, rows)
+        w = gk.ggml_dequant_bf16(self.raw, self.qtype, n).view(heads, rows, n)  # freed after use
+        return torch.einsum("thi,hoi->tho", x.view(T, heads, n).to(torch.bfloat16), w).float()
+
 
 def place(weight, device="cuda", float_dtype=torch.bfloat16):
     """A CPU weight (engine.weights.QWeight or a float torch tensor) -> its GPU twin.
@@ -53,7 +64,7 @@ def place(weight, device="cuda", float_dtype=torch.bfloat16):
 
     if isinstance(weight, torch.Tensor):
         return weight.to(device, float_dtype)
-    if gk.ggml_supported(weight.qtype) and len(weight.shape) == 2:
+    if gk.ggml_supported(weight.qtype) and len(weight.shape) in (2, 3):
         return GpuQWeight(weight.raw, weight.qtype, weight.shape, device)
     n = int(np.prod(weight.shape))
     w = cpu_kernels.ggml_dequantize(weight.raw, weight.qtype, n).reshape(weight.shape)

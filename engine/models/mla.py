@@ -19,7 +19,7 @@ from .. import kernels
 from ..config import ModelConfig
 from ..kv_cache import KVRows
 from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
-from ..weights import Weights
+from ..weights import QWeight, Weights
 from .common import Rope, linear, rms_norm
 
 
@@ -50,9 +50,12 @@ def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
 
 
 def per_head(w, x: torch.Tensor) -> torch.Tensor:
-    """Each head's own matrix: w (nh, out, in) as f32 or QWeight, x [T, nh, in] -> [T, nh, out]."""
+    """Each head's own matrix: w (nh, out, in) as a float tensor, a QWeight or a
+    GPU-placed stack (its own per_head), x [T, nh, in] -> [T, nh, out]."""
     if isinstance(w, torch.Tensor):
         return torch.einsum("thi,hoi->tho", x.to(w.dtype), w).float()
+    if not isinstance(w, QWeight):
+        return w.per_head(x)
     T, nh, _ = x.shape
     ids = torch.arange(nh, dtype=torch.int32).repeat(T)  # row t*nh + h uses head h
     return w.expert_matmul(ids, x.reshape(T * nh, -1).contiguous()).view(T, nh, -1)

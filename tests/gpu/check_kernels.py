@@ -102,6 +102,16 @@ def check_ggml(out: list) -> bool:
             xh = (XQ.view(torch.int8).double().cpu().view(T, -1, 32) * XS[:, ::2, :1].double().cpu()).view(T, n)
             ok &= row(f"ggml_gemv {name} T={T}", rel(y, x.double().cpu() @ ref.T), BOUND_GGML)
             ok &= row(f"ggml_gemv {name} T={T} vs its int8 x", rel(y, xh @ ref.T), BOUND_GGML_ARITH)
+        # MLA's per-head stacks: R rows as 8 heads of R/8, each head on its own slice of x
+        heads = 8
+        n_h = n // heads if (n // heads) % (32 if qtype == 8 else 256) == 0 else n
+        xs = torch.randn(2, heads * n_h, device=dev, generator=gen)
+        raw_h = raw[:, :raw.shape[1] * n_h // n].contiguous() if n_h != n else raw
+        ref_h = torch.from_numpy(kernels.ggml_dequantize(raw_h.cpu().numpy(), qtype, R * n_h)
+                                 .reshape(heads, R // heads, n_h)).double()
+        want = torch.einsum("thi,hoi->tho", xs.double().cpu().view(2, heads, n_h), ref_h).reshape(2, R)
+        ok &= row(f"ggml_gemv {name} {heads} heads T=2", rel(gk.ggml_gemv(raw_h, qtype, n_h, xs, heads=heads), want),
+                  BOUND_GGML)
         same = torch.equal(gk.ggml_dequant_bf16(raw, qtype, n).cpu(), ref.float().to(torch.bfloat16))
         ok &= same
         out.append((f"ggml_dequant_bf16 {name}", "exact" if same else "differs", "== ref in bf16",

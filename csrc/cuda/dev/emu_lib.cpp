@@ -16,7 +16,7 @@ typedef void (*GateUpFn)(const u8*, const u8*, i64, int, const int*, const int*,
 typedef void (*GemvFn)(const u8*, i64, int, const int*, const int*, const uint4*, const float2*, int, int, const float*,
                        float*);
 
-typedef void (*GgmlGemvFn)(const u8*, int, int, int, const u8*, const float2*, int, float*, int);
+typedef void (*GgmlGemvFn)(const u8*, int, int, int, const u8*, const float2*, int, float*, int, int);
 #define GG_EMU_ROW(fmt, F)                                                                        \
   {"ggml_gemv_" #fmt "_t1", ggml_gemv_##fmt##_t1}, {"ggml_gemv_" #fmt "_t2", ggml_gemv_##fmt##_t2}, \
       {"ggml_gemv_" #fmt "_t4", ggml_gemv_##fmt##_t4}, {"ggml_gemv_" #fmt "_t8", ggml_gemv_##fmt##_t8},
@@ -55,7 +55,8 @@ extern "C" int emu_call(const char* name, unsigned gx, unsigned gy, unsigned blo
     emu_launch(g, block, ggml_quant_x, arg<const float*>(a, 0), arg<int>(a, 1), arg<u32*>(a, 2), arg<float2*>(a, 3));
   } else if (GgmlGemvFn gg = ggml_gemv_named(n)) {
     emu_launch(g, block, gg, arg<const u8*>(a, 0), arg<int>(a, 1), arg<int>(a, 2), arg<int>(a, 3),
-               arg<const u8*>(a, 4), arg<const float2*>(a, 5), arg<int>(a, 6), arg<float*>(a, 7), arg<int>(a, 8));
+               arg<const u8*>(a, 4), arg<const float2*>(a, 5), arg<int>(a, 6), arg<float*>(a, 7), arg<int>(a, 8),
+               arg<int>(a, 9));
   } else if (n == "ggml_dequant_bf16") {
     emu_launch(g, block, ggml_dequant_bf16, arg<int>(a, 0), arg<const u8*>(a, 1), arg<int>(a, 2), arg<int>(a, 3),
                arg<int>(a, 4), arg<u16*>(a, 5));
