@@ -117,10 +117,10 @@ def make_plan(args):
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
     path = resolve(args.model)
+    hw = load_hardware(args.hardware) if args.hardware else detect()
     with GGUFFile(path) as g:
         sizes = sizes_from_gguf(g)
-    hw = load_hardware(args.hardware) if args.hardware else detect()
-    p = plan_model(sizes, hw, args.ctx, plan_request(args), calibrated_frequencies(path, sizes))
+        p = plan_model(sizes, hw, args.ctx, plan_request(args), calibrated_frequencies(path, sizes, g))
     return p, sizes
 
 

@@ -68,23 +68,32 @@ def machine_fingerprint() -> dict:
     return {"cpu": cpu, "cores": cores, "isa": str(kernels.isa_info().get("active", "")), "gpus": gpus}
 
 
-def calibration_path(model_path: str | os.PathLike) -> Path:
-    """cache_dir()/calibration/<stem>.<key>.json, key = (source file identity,
-    pack format, machine fingerprint): the file `auto` and the planner read."""
+def calibration_path(model_path: str | os.PathLike, gguf=None) -> Path:
+    """cache_dir()/calibration/<stem>.<key>.json, key = (the source's content identity
+    (engine/pack_identity.py, as packs are keyed), pack format, machine fingerprint):
+    the file `auto` and the planner read. A copy of a model, under any name, finds
+    the record its original has. gguf: the source, when the caller has it open."""
+    from .gguf.reader import GGUFFile
     from .pack import PACK_VERSION
+    from .pack_identity import source_identity
 
     p = Path(model_path)
-    st = p.stat()  # the file's identity without parsing it (split files: their first part)
-    ident = [p.name, st.st_size, st.st_mtime_ns]
-    key = hashlib.sha256(json.dumps([str(p.resolve()), ident, PACK_VERSION, CALIB_VERSION,
-                                     machine_fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
+    if gguf is None:
+        with GGUFFile(p) as g:
+            ident = source_identity(g)
+    else:
+        ident = source_identity(gguf)
+    key = hashlib.sha256(json.dumps([ident["digest"], PACK_VERSION, CALIB_VERSION, machine_fingerprint()],
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    d = cache_dir() / "calibration"
+    found = sorted(d.glob(f"*.{key}.json")) if d.is_dir() else []
     stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
-    return cache_dir() / "calibration" / f"{stem}.{key}.json"
+    return found[0] if found else d / f"{stem}.{key}.json"
 
 
-def read_calibration(model_path) -> dict | None:
+def read_calibration(model_path, gguf=None) -> dict | None:
     """The cached calibration of this model on this machine, or None (absent or unreadable)."""
-    path = calibration_path(model_path)
+    path = calibration_path(model_path, gguf)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -92,11 +101,11 @@ def read_calibration(model_path) -> dict | None:
     return d if isinstance(d, dict) and d.get("version") == CALIB_VERSION else None
 
 
-def load_profile(model_path, cfg, mode: str | None = None, log=None) -> UmiaProfile:
+def load_profile(model_path, cfg, mode: str | None = None, log=None, gguf=None) -> UmiaProfile:
     """The calibrated profile, else the default. mode: the loaded plan's; a profile
     timed on another plan's step still serves, with a note (records from before
-    the mode was kept were all timed on the CPU step)."""
-    d = read_calibration(model_path)
+    the mode was kept were all timed on the CPU step). gguf: the source, open."""
+    d = read_calibration(model_path, gguf)
     if d is not None:
         try:
             prof = UmiaProfile.from_json(d.get("profile"), cfg.n_layer, cfg.n_expert_used, "calibrated")

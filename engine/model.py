@@ -84,7 +84,7 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
     else:  # full precision allocates too (KV cache, f32 copies): the same refusal before any of it
         check_full_precision(gguf, cfg, ctx, kv_type, placement.dram_budget if placement else None)
-    policy = _split_policy(cfg, critical, log, path, p.mode if p else None) if critical is not None else None
+    policy = _split_policy(cfg, critical, log, path, p.mode if p else None, gguf) if critical is not None else None
     if policy is not None:
         from .pack import open_pack
 
@@ -125,7 +125,7 @@ def _plan(gguf: GGUFFile, path: Path, ctx: int, req: PlanRequest):
 
     hw = detect(amx=False)
     sizes = sizes_from_gguf(gguf)
-    p = plan_model(sizes, hw, ctx, req, calibrated_frequencies(path, sizes))
+    p = plan_model(sizes, hw, ctx, req, calibrated_frequencies(path, sizes, gguf))
     if not p.fits:
         raise UserError(f"{p.reason}" + (f"; nearest plan that fits: {p.suggestion}" if p.suggestion else "")
                         + " (see `rapidmoe-chat plan`)")
@@ -167,7 +167,7 @@ def _gpu_step(net, policy, p, hw, progress, kv_type: str):
     return runner, p.describe(standin)
 
 
-def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: str | None):
+def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: str | None, gguf):
     from .moe.resplit import FixedCritical
 
     if not cfg.n_expert:
@@ -178,7 +178,7 @@ def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: 
         from .calibrate import load_profile
         from .moe.umia import UmiaPolicy
 
-        profile = load_profile(path, cfg, mode, log)
+        profile = load_profile(path, cfg, mode, log, gguf)
         if log and profile.source != "calibrated":
             log("UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)")
         return UmiaPolicy(profile, cfg.n_expert_used)

@@ -25,8 +25,14 @@ SAMPLE_SPACING = 256 << 20  # one more sample per 256 MiB of a tensor, up to MAX
 PACK_SUFFIX = ".rmpack.gguf"
 
 
+_seen: dict[tuple, dict] = {}  # (each part's path, size, mtime) -> its identity: one hashing per process
+
+
 def source_identity(g: GGUFFile) -> dict:
     """An open source GGUF -> {"name", "size", "digest"}; equal digests mean the same content."""
+    parts = tuple((str(p.resolve()), st.st_size, st.st_mtime_ns) for p in g.parts for st in (p.stat(),))
+    if parts in _seen:
+        return dict(_seen[parts], name=g.path.name)
     h = hashlib.sha256()
     h.update(json.dumps([p.stat().st_size for p in g.parts]).encode())
     for key in g.metadata:
@@ -38,7 +44,8 @@ def source_identity(g: GGUFFile) -> dict:
         for i in range(n):  # evenly spread, the middle when there is one sample
             a = max(0, min(t.nbytes - SAMPLE, (2 * i + 1) * t.nbytes // (2 * n) - SAMPLE // 2))
             h.update(raw[a:a + SAMPLE].tobytes())
-    return {"name": g.path.name, "size": g.size_bytes, "digest": h.hexdigest()}
+    _seen[parts] = {"name": g.path.name, "size": g.size_bytes, "digest": h.hexdigest()}
+    return dict(_seen[parts])
 
 
 def pack_key(ident: dict, pack_version: int, format_version: int) -> str:

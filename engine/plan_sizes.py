@@ -217,16 +217,14 @@ def load_expert_frequencies(file: Path, s: ModelSizes) -> dict[int, list[float]]
         return None
 
 
-def calibrated_frequencies(model_path: Path, s: ModelSizes) -> dict[int, list[float]] | None:
+def calibrated_frequencies(model_path: Path, s: ModelSizes, gguf=None) -> dict[int, list[float]] | None:
     """Expert activation counts from this model's calibration on this machine, when
-    there is one (they order the W_Q cache: hottest first)."""
+    there is one (they order the W_Q cache: hottest first). gguf: the source, open."""
     from .paths import cache_dir
 
     d = cache_dir() / "calibration"
-    name = Path(model_path).name
-    stem = name[:-5] if name.endswith(".gguf") else name
-    if not d.is_dir() or not any(d.glob(f"{stem}.*.json")):
+    if not d.is_dir() or not any(d.glob("*.json")):
         return None  # nothing to read: spare the import of the calibration code (torch)
     from .calibrate import calibration_path
 
-    return load_expert_frequencies(calibration_path(model_path), s)
+    return load_expert_frequencies(calibration_path(model_path, gguf), s)

@@ -143,6 +143,7 @@ def test_calibrate_times_the_step_the_plan_runs(tiny, tmp_path, monkeypatch, cap
     from rapidmoe.engine.plan import PlanRequest
 
     monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))  # tiny's own record stays as it is
     src = tmp_path / "g.gguf"
     src.write_bytes(tiny.read_bytes())
     rec = calibrate(src, n_tokens=32, seg_len=32, slopes=(1.0,))
@@ -185,12 +186,23 @@ def test_layer_sensitivity_per_layer_and_grouped(tiny):
     assert max(per[il] * float((w[il][:, 2:].astype(np.float64) ** 2).sum(1).mean()) for il in (0, 1)) < both.kl_mean
 
 
-def test_calibration_is_keyed_by_the_source_file(tiny, tmp_path):
-    other = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=6, dtype="f16", n_layer=2)
-    assert calibration_path(other) != calibration_path(tiny)
-    p = calibration_path(other)
-    os.utime(other, ns=(1, 1))  # a rewritten file is another model
-    assert calibration_path(other) != p
+def test_calibration_is_keyed_by_the_content(tiny, tmp_path, monkeypatch):
+    """As packs are: a copy of a model under another name or directory finds its
+    original's record, a touched file keeps it, other content has its own."""
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(tiny.read_bytes())
+    rec = calibration_path(tiny)
+    assert rec.name.startswith("m.") and calibration_path(copy).name.startswith("renamed.")  # none yet: own names
+    assert rec.name.split(".")[1] == calibration_path(copy).name.split(".")[1]  # one key
+    rec.parent.mkdir(parents=True)
+    rec.write_text("{}")
+    assert calibration_path(copy) == rec
+    os.utime(copy, ns=(1, 1))
+    assert calibration_path(copy) == rec
+    other = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=7, dtype="f16", n_layer=2)
+    assert calibration_path(other) != rec and not calibration_path(other).exists()
 
 
 def test_cli(tiny, tmp_path, capsys):
@@ -209,8 +221,11 @@ def test_cli(tiny, tmp_path, capsys):
         assert main(["calibrate", "-m", str(tiny), *bad]) == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, err
-    fresh = tmp_path / "n.gguf"
-    fresh.write_bytes(tiny.read_bytes())
+    copy = tmp_path / "n.gguf"  # the same model under another name: the same record
+    copy.write_bytes(tiny.read_bytes())
+    assert main(["calibrate", "-m", str(copy), "--show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == rec
+    fresh = write_synthetic(tmp_path / "f.gguf", "qwen3moe", seed=8, dtype="f16", n_layer=2)
     assert main(["calibrate", "-m", str(fresh), "--show"]) == 2
     assert "no calibration" in capsys.readouterr().err
 
