@@ -279,6 +279,46 @@ def emulated_kernels(tmp_path_factory):
     gk.use_emulator(None)
 
 
+def _assert_plan_counts_what_was_placed(gpu) -> None:
+    """The plan's VRAM for the non-expert weights is what the GPU placement made of
+    them, layer by layer and the head."""
+    from rapidmoe.engine.gpu.placement import GpuQWeight
+
+    def nbytes(v) -> int:
+        return v.nbytes if isinstance(v, GpuQWeight) else v.numel() * v.element_size()
+
+    def placed(*objs) -> int:
+        return sum(nbytes(v) for obj in objs for k, v in vars(obj).items()
+                   if k not in ("rope", "experts") and isinstance(v, (GpuQWeight, torch.Tensor)))
+    per_layer = [placed(b, b.attn, b.ffn, *([b.ffn.shared] if getattr(b.ffn, "shared", None) else []))
+                 for b in gpu.net.blocks]
+    comps = {c.name: c.bytes for c in gpu.plan.components if c.device != "cpu"}
+    assert comps[f"non-expert weights, layers 0-{len(per_layer) - 1}"] == sum(per_layer)
+    assert comps["output head"] == nbytes(gpu.net.output) + nbytes(gpu.net.output_norm)
+
+
+@pytest.mark.parametrize("arch, dtype", [("qwen3moe", "q4_0"), ("deepseek2", "f16"), ("qwen2moe", "q5_1")])
+def test_the_plan_counts_what_the_gpu_placement_makes(tmp_path, arch, dtype, monkeypatch):
+    """Types the GGUF GEMV lacks go to bf16 (Q4_0 and Q5_1 take 3.6 and 3.3 times their
+    bytes), F16 ones too, vectors to f32: the plan counts that, not the source bytes."""
+    from rapidmoe.engine.gpu import device as gd
+
+    shape = dict(qk_nope=32, qk_rope=32, v_head=32, q_lora_rank=64) if arch == "deepseek2" else {}
+    src = write_synthetic(tmp_path / "m.gguf", "ds2_v3" if arch == "deepseek2" else arch, seed=5, dtype=dtype,
+                          **shape)
+    monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
+    monkeypatch.setattr(gd, "StandInDevice", gd.EmulatedGpuDevice)  # the GPU's placement, on CPU tensors
+    gpu = load_model(src, n_ctx=32, critical=2)
+    _assert_plan_counts_what_was_placed(gpu)
+    from rapidmoe.engine.gguf.reader import GGUFFile
+    from rapidmoe.engine.plan_sizes import sizes_from_gguf
+
+    with GGUFFile(src) as g:
+        s = sizes_from_gguf(g)
+    if dtype != "f16":  # the source's own bytes would be far off
+        assert sum(s.gpu_layer_bytes) > 2 * sum(s.layer_bytes)
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emulated_kernels, monkeypatch):
     """The GPU step as a real GPU runs it, its CUDA kernels on the emulator: non-expert
@@ -305,18 +345,7 @@ def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emu
     if arch == "deepseek2":  # MLA's per-head stacks in their GGUF type too
         assert isinstance(attn.k_b, GpuQWeight) and len(attn.k_b.shape) == 3 and isinstance(attn.v_b, GpuQWeight)
 
-    # the plan's VRAM for the non-expert weights is what was placed, layer by layer and the head
-    def nbytes(v) -> int:
-        return v.nbytes if isinstance(v, GpuQWeight) else v.numel() * v.element_size()
-
-    def placed(*objs) -> int:
-        return sum(nbytes(v) for obj in objs for k, v in vars(obj).items()
-                   if k not in ("rope", "experts") and isinstance(v, (GpuQWeight, torch.Tensor)))
-    per_layer = [placed(b, b.attn, b.ffn, *([b.ffn.shared] if getattr(b.ffn, "shared", None) else []))
-                 for b in gpu.net.blocks]
-    comps = {c.name: c.bytes for c in gpu.plan.components if c.device != "cpu"}
-    assert comps[f"non-expert weights, layers 0-{len(per_layer) - 1}"] == sum(per_layer)
-    assert comps["output head"] == nbytes(gpu.net.output) + nbytes(gpu.net.output_norm)
+    _assert_plan_counts_what_was_placed(gpu)
     for got, ref in ((_logits(gpu, toks, False), ref_pre), (_logits(gpu, toks[:4], True), ref_dec)):
         d = divergence(ref, got)
         assert d.kl_mean < 5e-3 and d.top1 >= 0.9, d
