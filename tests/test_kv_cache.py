@@ -68,6 +68,17 @@ CASES = [  # n_head, n_kv, hd, hdv, S, T: T queries ending at position S - 1
 ]
 
 
+ISA_CASES = [  # row counts per group of 1 to 15 (the kernels' blocks of 8, 4, 2 and 1 rows) and odd dims
+    (7, 7, 40, 24, 67, 1),
+    (9, 3, 24, 40, 45, 1),
+    (15, 1, 136, 8, 100, 1),
+    (14, 2, 56, 72, 33, 2),
+    (10, 2, 200, 200, 70, 1),
+    (7, 7, 96, 64, 67, 1),
+    (14, 2, 160, 32, 33, 2),
+]
+
+
 def _attn_case(kv_type, n_head, n_kv, hd, hdv, S, T):
     kc, _ = _rows(kv_type, S + 3, n_kv, hd, S)
     vc, _ = _rows(kv_type, S + 3, n_kv, hdv, S + 1)
@@ -98,12 +109,18 @@ def test_mla_values_are_the_leading_part_of_the_key_rows(kv_type, S, T):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-def test_attn_cached_scalar_path():
-    # the portable loops (no AVX2) against the same references, in a process forced to scalar
-    run_on_path("test_kv_cache", "[t._attn_case(k, *c) for k in t.KV_TYPES for c in t.CASES[1::2]]; "
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_attn_cached_on_each_isa_path(isa):
+    # each path's tile kernels (portable loops, attn_avx2.cpp, attn_avx512.cpp) against the
+    # same references, in a process forced to that path: every row count (rep 1..8 and more),
+    # head sizes that are not multiples of the vector width, and MLA's shared rows
+    if isa != "scalar" and not kernels.isa_info()[isa]:
+        pytest.skip(f"this CPU has no {isa}")
+    run_on_path("test_kv_cache", "[t._attn_case(k, *c) for k in t.KV_TYPES for c in t.CASES + t.ISA_CASES "
+                "if k != 'q8_0' or c[2] % 32 == c[3] % 32 == 0]; "
                 "t.test_mla_values_are_the_leading_part_of_the_key_rows('q8_0', 3000, 1); "
                 "t.test_mla_values_are_the_leading_part_of_the_key_rows('f16', 200, 9); "
-                "[t.test_kernel_store_writes_the_same_bytes_as_the_torch_path(k) for k in t.KV_TYPES]")
+                "[t.test_kernel_store_writes_the_same_bytes_as_the_torch_path(k) for k in t.KV_TYPES]", isa=isa)
 
 
 def test_attn_cached_refuses_bad_input():

@@ -13,7 +13,8 @@ namespace rmoe {
 
 namespace {
 
-constexpr size_t kTile = 32;  // keys converted to f32 and scored at once
+constexpr size_t kTile = 32;          // keys converted to f32 and scored at once
+constexpr size_t kPrefetch = 2 * kTile;  // rows asked for this far ahead of the tile in use
 
 // float -> IEEE half, rounding to nearest even (as F16C and torch do); overflow to inf.
 uint16_t f32_to_f16(float f) {
@@ -63,6 +64,16 @@ inline float dot(const float* a, const float* b, size_t n) {
 }
 
 const uint8_t* row_at(const KvRows& c, size_t j, size_t g) { return c.base + j * c.pos_stride + g * c.head_stride; }
+
+// Asks for rows j0..j1 of group g ahead of their use: at long contexts the cache streams
+// from DRAM, and a tile's compute is too short to hide its own misses.
+void prefetch_rows(const KvRows& c, size_t g, size_t j0, size_t j1) {
+  const size_t rb = kv_row_bytes(c.type, c.dim);
+  for (size_t j = j0; j < j1; ++j) {
+    const uint8_t* r = row_at(c, j, g);
+    for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(r + b);
+  }
+}
 
 // The portable pieces of attn_cached (the AVX2 ones are in attn_avx2.cpp).
 void rows_f32(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
@@ -150,10 +161,29 @@ struct AttnTask {
   float scale;
 };
 
+// One ISA's pieces of a tile (the portable ones above, attn_avx2.cpp, attn_avx512.cpp).
+struct TileOps {
+  void (*rows_f32)(const KvRows&, size_t, size_t, size_t, float*);
+  void (*scores)(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t);
+  float (*max)(const float*, size_t);
+  float (*exp)(float*, size_t, float);
+  void (*accum)(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*);
+};
+
+float max_of(const float* p, size_t n) { return n ? *std::max_element(p, p + n) : -INFINITY; }
+
+const TileOps& tile_ops() {
+  static const TileOps scalar{rows_f32, scores, max_of, exp_sub, accum};
+  static const TileOps avx2{kv_rows_f32_avx2, kv_scores_avx2, kv_max_avx2, kv_exp_avx2, kv_accum_avx2};
+  static const TileOps avx512{kv_rows_f32_avx512, kv_scores_avx512, kv_max_avx2, kv_exp_avx2, kv_accum_avx512};
+  static const TileOps* ops = active_isa() == Isa::Avx512 ? &avx512 : active_isa() == Isa::Avx2 ? &avx2 : &scalar;
+  return *ops;
+}
+
 void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size_t j1, float* m, float* l,
               float* const* o, std::vector<float>& qb, std::vector<float>& kt, std::vector<float>& vt,
               std::vector<float>& s, std::vector<float>& cr) {
-  static const bool avx2 = active_isa() != Isa::Scalar;
+  const TileOps& op = tile_ops();
   const size_t rep = A.rep, hd = A.K->dim, hdv = A.V->dim, rows = tn * rep;
   for (size_t t = 0; t < tn; ++t)  // rows t * rep + h, contiguous for the score kernel
     std::memcpy(qb.data() + t * rep * hd, A.q + ((t0 + t) * A.n_head + g * rep) * hd, rep * hd * sizeof(float));
@@ -164,30 +194,35 @@ void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size
     const size_t n = std::min(kTile, end - j);
     // rows whose query sees none of this tile come first (earlier queries): skip them
     const size_t t_first = j > A.pos0 + t0 ? j - A.pos0 - t0 : 0, r0 = t_first * rep;
-    (avx2 ? kv_rows_f32_avx2 : rows_f32)(*A.K, g, j, n, kt.data());
-    (avx2 ? kv_scores_avx2 : scores)(qb.data() + r0 * hd, rows - r0, hd, kt.data(), n, hd, A.scale, s.data() + r0 * kTile,
+    if (j + kPrefetch < end) {
+      const size_t pe = std::min(end, j + kPrefetch + kTile);
+      prefetch_rows(*A.K, g, j + kPrefetch, pe);
+      if (!A.shared) prefetch_rows(*A.V, g, j + kPrefetch, pe);
+    }
+    op.rows_f32(*A.K, g, j, n, kt.data());
+    op.scores(qb.data() + r0 * hd, rows - r0, hd, kt.data(), n, hd, A.scale, s.data() + r0 * kTile,
                                      kTile);
     const float* vrows = kt.data();
     if (!A.shared) {
-      (avx2 ? kv_rows_f32_avx2 : rows_f32)(*A.V, g, j, n, vt.data());
+      op.rows_f32(*A.V, g, j, n, vt.data());
       vrows = vt.data();
     }
     for (size_t r = r0; r < rows; ++r) {
       const size_t lim = A.pos0 + t0 + r / rep + 1, cnt = std::min(n, lim - j);  // keys of the tile this row sees
       float* sr = s.data() + r * kTile;
-      const float mt = *std::max_element(sr, sr + cnt), mn = std::max(m[r], mt);
+      const float mt = op.max(sr, cnt), mn = std::max(m[r], mt);
       float c = 1.f;  // a row that saw nothing finite yet keeps its (zero) output: weights 0
       if (mn == -INFINITY) {
         std::fill(sr, sr + n, 0.f);
       } else {
         c = m[r] == -INFINITY ? 0.f : std::exp(m[r] - mn);
-        l[r] = l[r] * c + (avx2 ? kv_exp_avx2 : exp_sub)(sr, cnt, mn);
+        l[r] = l[r] * c + op.exp(sr, cnt, mn);
         m[r] = mn;
         std::fill(sr + cnt, sr + n, 0.f);  // keys past the row's causal end weigh 0: rows go through together
       }
       cr[r] = c;
     }
-    (avx2 ? kv_accum_avx2 : accum)(s.data() + r0 * kTile, kTile, rows - r0, vrows, A.shared ? hd : hdv, n, hdv,
+    op.accum(s.data() + r0 * kTile, kTile, rows - r0, vrows, A.shared ? hd : hdv, n, hdv,
                                    cr.data() + r0, o + r0);
   }
 }

@@ -56,14 +56,21 @@ struct AttnDecode {
 void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, const KvRows& kc, const KvRows& vc,
                  size_t pos, float* out);
 
-// The AVX2 + FMA + F16C pieces of attn_cached (attn_avx2.cpp; called only where isa.cpp
-// allows AVX2). Tiles are n rows of dim f32 values, row after row.
+// The ISA pieces of attn_cached, called only where isa.cpp allows their ISA: AVX2 + FMA +
+// F16C (attn_avx2.cpp) and AVX-512 (attn_avx512.cpp). Tiles are n rows of dim f32 values,
+// row after row.
 void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);  // rows j0.. of group g
 void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                     float* s, size_t sstride);  // s[h * sstride + t] = scale * q_h . tile_t
+float kv_max_avx2(const float* p, size_t n);     // max of p[0..n), -inf for n = 0
 float kv_exp_avx2(float* p, size_t n, float m);  // p = e^(p - m), returns the sum
 // For each of `rows` rows r (weights p + r * pstride): o[r] = c[r] * o[r] + sum_t p_t tile_t[0:dim].
 void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                    size_t dim, const float* c, float* const* o);
+void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);
+void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
+                      float* s, size_t sstride);
+void kv_accum_avx512(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
+                     size_t dim, const float* c, float* const* o);
 
 }  // namespace rmoe

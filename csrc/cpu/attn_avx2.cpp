@@ -1,6 +1,7 @@
 // attn_cached's pieces with AVX2 + FMA + F16C (called only where isa.cpp allows AVX2):
-// cache rows to f32 tiles, dot products of 8 lanes, e^x (simd.h's exp8_ps), and the
-// weighted sum of values.
+// cache rows to f32 tiles, scores of 8 (row, key) pairs at once folded by hadd trees,
+// a row's maximum, e^x (simd.h's exp8_ps), and the weighted sum of values with several
+// rows' outputs held in registers.
 #include "attn.h"
 
 #if RMOE_X86
@@ -14,6 +15,8 @@
 namespace rmoe {
 
 namespace {
+
+#define RMOE_UNROLL _Pragma("GCC unroll 16")
 
 inline float dot8(const float* a, const float* b, size_t n) {
   __m256 s = _mm256_setzero_ps();
@@ -40,6 +43,7 @@ void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* til
     } else {
       for (size_t b = 0; b < d / 32; ++b, r += 34) {
         const __m256 s = _mm256_set1_ps(h2f((uint32_t)(r[0] | r[1] << 8)));
+        RMOE_UNROLL
         for (int i = 0; i < 4; ++i) {
           const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 + 8 * i));
           _mm256_storeu_ps(tile + 32 * b + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
@@ -49,43 +53,77 @@ void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* til
   }
 }
 
+namespace {
+
+// Lane i of the result = the sum of v[i]'s 8 lanes (two rounds of hadd, then the halves).
+RMOE_INLINE __m256 fold8(const __m256 (&v)[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Scores of R rows against K keys (R * K = 8): accumulator r * K + k holds q_r . key_k.
+template <int R, int K>
+void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, size_t dim, float scale, float* s,
+                 size_t sstride) {
+  static_assert(R * K == 8, "one register per (row, key) pair, 8 of them");
+  const size_t d8 = dim / 8 * 8;
+  size_t t = 0;
+  for (; t + K <= n; t += K) {
+    const float* keys = tile + t * dim;
+    __m256 acc[8];
+    RMOE_UNROLL
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (size_t d = 0; d < d8; d += 8) {
+      __m256 kv[K];
+      RMOE_UNROLL
+      for (int k = 0; k < K; ++k) kv[k] = _mm256_loadu_ps(keys + k * dim + d);
+      RMOE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = _mm256_loadu_ps(q + r * qstride + d);
+        RMOE_UNROLL
+        for (int k = 0; k < K; ++k) acc[r * K + k] = _mm256_fmadd_ps(x, kv[k], acc[r * K + k]);
+      }
+    }
+    alignas(32) float out[8];
+    _mm256_store_ps(out, fold8(acc));
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RMOE_UNROLL
+      for (int k = 0; k < K; ++k) {
+        float v = out[r * K + k];
+        for (size_t d = d8; d < dim; ++d) v += q[r * qstride + d] * keys[k * dim + d];
+        s[r * sstride + t + k] = v * scale;
+      }
+  }
+  for (; t < n; ++t)
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) s[r * sstride + t] = dot8(q + r * qstride, tile + t * dim, dim) * scale;
+}
+
+}  // namespace
+
 void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                     float* s, size_t sstride) {
-  const size_t d8 = dim / 8 * 8;
   size_t h = 0;
-  // two heads x four keys: each key load feeds two FMAs, each query load four
-  for (; h + 2 <= nq; h += 2) {
-    const float *q0 = q + h * qstride, *q1 = q0 + qstride;
-    size_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      const float* k0 = tile + t * dim;
-      __m256 a[8];
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-      for (size_t d = 0; d < d8; d += 8) {
-        const __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
-        for (int i = 0; i < 4; ++i) {
-          const __m256 kv = _mm256_loadu_ps(k0 + i * dim + d);
-          a[i] = _mm256_fmadd_ps(x0, kv, a[i]);
-          a[4 + i] = _mm256_fmadd_ps(x1, kv, a[4 + i]);
-        }
-      }
-      for (int i = 0; i < 4; ++i) {
-        float t0 = hsum8(a[i]), t1 = hsum8(a[4 + i]);
-        for (size_t d = d8; d < dim; ++d) {
-          t0 += q0[d] * k0[i * dim + d];
-          t1 += q1[d] * k0[i * dim + d];
-        }
-        s[h * sstride + t + i] = t0 * scale;
-        s[(h + 1) * sstride + t + i] = t1 * scale;
-      }
-    }
-    for (; t < n; ++t) {
-      s[h * sstride + t] = dot8(q0, tile + t * dim, dim) * scale;
-      s[(h + 1) * sstride + t] = dot8(q1, tile + t * dim, dim) * scale;
-    }
+  for (; h + 4 <= nq; h += 4) scores_rows<4, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  if (h + 2 <= nq) {
+    scores_rows<2, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+    h += 2;
   }
-  for (; h < nq; ++h)
-    for (size_t t = 0; t < n; ++t) s[h * sstride + t] = dot8(q + h * qstride, tile + t * dim, dim) * scale;
+  if (h < nq) scores_rows<1, 8>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+}
+
+float kv_max_avx2(const float* p, size_t n) {
+  __m256 m8 = _mm256_set1_ps(-INFINITY);
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(p + t));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float m = _mm_cvtss_f32(m4);
+  for (; t < n; ++t) m = p[t] > m ? p[t] : m;
+  return m;
 }
 
 float kv_exp_avx2(float* p, size_t n, float m) {
@@ -104,68 +142,61 @@ float kv_exp_avx2(float* p, size_t n, float m) {
 
 namespace {
 
-// One row: 64 outputs in registers over the tile's keys, then 8, then single ones.
-void accum_row(const float* p, const float* tile, size_t tstride, size_t n, size_t dim, float c, float* o) {
-  const __m256 c8 = _mm256_set1_ps(c);
-  size_t d0 = 0;
-  for (; d0 + 64 <= dim; d0 += 64) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o + d0 + 8 * i));
-    for (size_t t = 0; t < n; ++t) {
-      const __m256 w8 = _mm256_set1_ps(p[t]);
-      const float* vt = tile + t * tstride + d0;
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w8, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+// R rows' outputs o[r][d0 .. d0 + 8 * DV) in registers over the tile's keys (d0 + 8 * DV <= dim).
+template <int R, int DV>
+void accum_block(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t d0,
+                 const float* c, float* const* o) {
+  __m256 acc[R][DV];
+  RMOE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m256 c8 = _mm256_set1_ps(c[r]);
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) acc[r][i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o[r] + d0 + 8 * i));
+  }
+  for (size_t t = 0; t < n; ++t) {
+    __m256 v[DV];
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) v[i] = _mm256_loadu_ps(tile + t * tstride + d0 + 8 * i);
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_broadcast_ss(p + r * pstride + t);
+      RMOE_UNROLL
+      for (int i = 0; i < DV; ++i) acc[r][i] = _mm256_fmadd_ps(w, v[i], acc[r][i]);
     }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
   }
-  for (; d0 + 8 <= dim; d0 += 8) {
-    __m256 acc = _mm256_mul_ps(c8, _mm256_loadu_ps(o + d0));
-    for (size_t t = 0; t < n; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(tile + t * tstride + d0), acc);
-    _mm256_storeu_ps(o + d0, acc);
-  }
-  for (; d0 < dim; ++d0) {
-    float acc = c * o[d0];
-    for (size_t t = 0; t < n; ++t) acc += p[t] * tile[t * tstride + d0];
-    o[d0] = acc;
-  }
+  RMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) _mm256_storeu_ps(o[r] + d0 + 8 * i, acc[r][i]);
 }
 
-// Three rows at once, 32 outputs each: every value load feeds three FMAs.
-void accum_rows3(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
-                 const float* c, float* const* o) {
+// R rows: 8 * DV outputs at a time, then 8, then the last ones one by one.
+template <int R, int DV>
+void accum_rows(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
+                const float* c, float* const* o) {
   size_t d0 = 0;
-  for (; d0 + 32 <= dim; d0 += 32) {
-    __m256 acc[3][4];
-    for (int r = 0; r < 3; ++r) {
-      const __m256 c8 = _mm256_set1_ps(c[r]);
-      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_mul_ps(c8, _mm256_loadu_ps(o[r] + d0 + 8 * i));
+  for (; d0 + 8 * DV <= dim; d0 += 8 * DV) accum_block<R, DV>(p, pstride, tile, tstride, n, d0, c, o);
+  for (; d0 + 8 <= dim; d0 += 8) accum_block<R, 1>(p, pstride, tile, tstride, n, d0, c, o);
+  for (; d0 < dim; ++d0)
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float acc = c[r] * o[r][d0];
+      for (size_t t = 0; t < n; ++t) acc += p[r * pstride + t] * tile[t * tstride + d0];
+      o[r][d0] = acc;
     }
-    for (size_t t = 0; t < n; ++t) {
-      const float* vt = tile + t * tstride + d0;
-      const __m256 v0 = _mm256_loadu_ps(vt), v1 = _mm256_loadu_ps(vt + 8), v2 = _mm256_loadu_ps(vt + 16),
-                   v3 = _mm256_loadu_ps(vt + 24);
-      for (int r = 0; r < 3; ++r) {
-        const __m256 w8 = _mm256_broadcast_ss(p + r * pstride + t);
-        acc[r][0] = _mm256_fmadd_ps(w8, v0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(w8, v1, acc[r][1]);
-        acc[r][2] = _mm256_fmadd_ps(w8, v2, acc[r][2]);
-        acc[r][3] = _mm256_fmadd_ps(w8, v3, acc[r][3]);
-      }
-    }
-    for (int r = 0; r < 3; ++r)
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o[r] + d0 + 8 * i, acc[r][i]);
-  }
-  if (d0 < dim)  // the last outputs one row at a time
-    for (int r = 0; r < 3; ++r) accum_row(p + r * pstride, tile + d0, tstride, n, dim - d0, c[r], o[r] + d0);
 }
 
 }  // namespace
 
 void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                    size_t dim, const float* c, float* const* o) {
+  // every value load feeds 3 (or 2) rows' FMAs: 12 (8) accumulators of the 16 registers
   size_t r = 0;
-  for (; r + 3 <= rows; r += 3) accum_rows3(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-  for (; r < rows; ++r) accum_row(p + r * pstride, tile, tstride, n, dim, c[r], o[r]);
+  for (; r + 3 <= rows; r += 3) accum_rows<3, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  if (r + 2 <= rows)
+    accum_rows<2, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  else if (r < rows)
+    accum_rows<1, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
 }
 
 }  // namespace rmoe
@@ -175,6 +206,7 @@ namespace rmoe {
 void kv_rows_f32_avx2(const KvRows&, size_t, size_t, size_t, float*) {}
 void kv_scores_avx2(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
 float kv_exp_avx2(float*, size_t, float) { return 0.f; }
+float kv_max_avx2(const float*, size_t) { return 0.f; }
 void kv_accum_avx2(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*) {}
 }  // namespace rmoe
 #endif

@@ -1,0 +1,189 @@
+// attn_cached's pieces with AVX-512 (F, BW, VL, DQ; called only where isa.cpp allows
+// AVX-512): cache rows to f32 tiles 16 values at a time, scores of up to 16 (row, key)
+// pairs at once with their 16 partial-sum registers folded into one by a shuffle tree
+// (no horizontal sum per score), and the weighted sum of values with several rows'
+// outputs held in registers. Dimensions that are not a multiple of 16 end in masked loads.
+#include "attn.h"
+
+#if RMOE_X86
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "simd.h"
+
+namespace rmoe {
+
+namespace {
+
+#define RMOE_UNROLL _Pragma("GCC unroll 16")
+
+inline __mmask16 tail_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+// Lane i of the result = the sum of v[i]'s 16 lanes (a transpose-and-add tree: 15 adds).
+RMOE_INLINE __m512 fold16(const __m512 (&v)[16]) {
+  __m512 s[8], t[4], w[2];
+  RMOE_UNROLL
+  for (int i = 0; i < 8; ++i)  // 128-bit block b of s[i]: [a0+a2, b0+b2, a1+a3, b1+b3] for a = v[2i], b = v[2i+1]
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  RMOE_UNROLL
+  for (int i = 0; i < 4; ++i) {  // block b of t[i]: block b's sums of v[4i .. 4i+3], in order
+    const __m512d c = _mm512_castps_pd(s[2 * i]), d = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+  }
+  RMOE_UNROLL
+  for (int i = 0; i < 2; ++i)  // blocks [t0 b0+b1, t0 b2+b3, t1 b0+b1, t1 b2+b3]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
+// Scores of R rows against K keys (R * K = 16): accumulator r * K + k holds q_r . key_k.
+template <int R, int K>
+void scores_block(const float* q, size_t qstride, const float* keys, size_t dim, float scale, float* s,
+                  size_t sstride) {
+  static_assert(R * K == 16, "one register per (row, key) pair, 16 of them");
+  __m512 acc[16];
+  RMOE_UNROLL
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (size_t d = 0; d < dim; d += 16) {
+    const __mmask16 m = tail_mask(dim - d);
+    __m512 kv[K];
+    RMOE_UNROLL
+    for (int k = 0; k < K; ++k) kv[k] = _mm512_maskz_loadu_ps(m, keys + k * dim + d);
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_maskz_loadu_ps(m, q + r * qstride + d);
+      RMOE_UNROLL
+      for (int k = 0; k < K; ++k) acc[r * K + k] = _mm512_fmadd_ps(x, kv[k], acc[r * K + k]);
+    }
+  }
+  alignas(64) float out[16];
+  _mm512_store_ps(out, _mm512_mul_ps(fold16(acc), _mm512_set1_ps(scale)));
+  RMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RMOE_UNROLL
+    for (int k = 0; k < K; ++k) s[r * sstride + k] = out[r * K + k];
+}
+
+// Keys of the tile in steps of K for R rows; keys left over one at a time.
+template <int R, int K>
+void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, size_t dim, float scale, float* s,
+                 size_t sstride) {
+  size_t t = 0;
+  for (; t + K <= n; t += K) scores_block<R, K>(q, qstride, tile + t * dim, dim, scale, s + t, sstride);
+  for (; t < n; ++t)
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m512 a = _mm512_setzero_ps();
+      for (size_t d = 0; d < dim; d += 16) {
+        const __mmask16 m = tail_mask(dim - d);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + r * qstride + d), _mm512_maskz_loadu_ps(m, tile + t * dim + d), a);
+      }
+      s[r * sstride + t] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+
+// R rows' outputs o[r][d0 .. d0 + 16 * DV) in registers over the tile's keys.
+template <int R, int DV>
+void accum_block(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t d0, size_t dim,
+                 const float* c, float* const* o) {
+  __mmask16 m[DV];
+  RMOE_UNROLL
+  for (int i = 0; i < DV; ++i) m[i] = d0 + 16 * i < dim ? tail_mask(dim - d0 - 16 * i) : (__mmask16)0;
+  __m512 acc[R][DV];
+  RMOE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m512 c16 = _mm512_set1_ps(c[r]);
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) acc[r][i] = _mm512_mul_ps(c16, _mm512_maskz_loadu_ps(m[i], o[r] + d0 + 16 * i));
+  }
+  for (size_t t = 0; t < n; ++t) {
+    __m512 v[DV];
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) v[i] = _mm512_maskz_loadu_ps(m[i], tile + t * tstride + d0 + 16 * i);
+    RMOE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(p[r * pstride + t]);
+      RMOE_UNROLL
+      for (int i = 0; i < DV; ++i) acc[r][i] = _mm512_fmadd_ps(w, v[i], acc[r][i]);
+    }
+  }
+  RMOE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RMOE_UNROLL
+    for (int i = 0; i < DV; ++i) _mm512_mask_storeu_ps(o[r] + d0 + 16 * i, m[i], acc[r][i]);
+}
+
+template <int R, int DV>
+void accum_rows(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
+                const float* c, float* const* o) {
+  for (size_t d0 = 0; d0 < dim; d0 += 16 * DV) accum_block<R, DV>(p, pstride, tile, tstride, n, d0, dim, c, o);
+}
+
+}  // namespace
+
+void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
+  const size_t d = c.dim;
+  for (size_t t = 0; t < n; ++t, tile += d) {
+    const uint8_t* r = c.base + (j0 + t) * c.pos_stride + g * c.head_stride;
+    if (c.type == KvType::F32) {
+      std::memcpy(tile, r, d * sizeof(float));
+    } else if (c.type == KvType::F16) {
+      for (size_t i = 0; i < d; i += 16) {
+        const __mmask16 m = tail_mask(d - i);
+        const __m256i h = _mm256_maskz_loadu_epi16(m, r + 2 * i);
+        _mm512_mask_storeu_ps(tile + i, m, _mm512_cvtph_ps(h));
+      }
+    } else {  // q8_0: 32 values per block
+      for (size_t b = 0; b < d / 32; ++b, r += 34) {
+        const __m512 s = _mm512_set1_ps(h2f((uint32_t)(r[0] | r[1] << 8)));
+        RMOE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 + 16 * i));
+          _mm512_storeu_ps(tile + 32 * b + 16 * i, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
+        }
+      }
+    }
+  }
+}
+
+void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
+                      float* s, size_t sstride) {
+  size_t h = 0;
+  for (; h + 8 <= nq; h += 8) scores_rows<8, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  if (h + 4 <= nq) {
+    scores_rows<4, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+    h += 4;
+  }
+  if (h + 2 <= nq) {
+    scores_rows<2, 8>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+    h += 2;
+  }
+  if (h < nq) scores_rows<1, 16>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+}
+
+void kv_accum_avx512(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
+                     size_t dim, const float* c, float* const* o) {
+  size_t r = 0;
+  for (; r + 8 <= rows; r += 8) accum_rows<8, 2>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  if (r + 4 <= rows) {
+    accum_rows<4, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+    r += 4;
+  }
+  if (r + 2 <= rows) {
+    accum_rows<2, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+    r += 2;
+  }
+  if (r < rows) accum_rows<1, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+}
+
+}  // namespace rmoe
+
+#else  // non-x86: never selected
+namespace rmoe {
+void kv_rows_f32_avx512(const KvRows&, size_t, size_t, size_t, float*) {}
+void kv_scores_avx512(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
+void kv_accum_avx512(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*) {}
+}  // namespace rmoe
+#endif
