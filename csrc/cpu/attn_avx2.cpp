@@ -106,7 +106,8 @@ void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, si
 void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                     float* s, size_t sstride) {
   size_t h = 0;
-  for (; h + 4 <= nq; h += 4) scores_rows<4, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  for (; h + 4 <= nq; h += 4)
+    scores_rows<4, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
   if (h + 2 <= nq) {
     scores_rows<2, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
     h += 2;

@@ -78,7 +78,8 @@ void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, si
       __m512 a = _mm512_setzero_ps();
       for (size_t d = 0; d < dim; d += 16) {
         const __mmask16 m = tail_mask(dim - d);
-        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + r * qstride + d), _mm512_maskz_loadu_ps(m, tile + t * dim + d), a);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + r * qstride + d), _mm512_maskz_loadu_ps(m, tile + t * dim + d),
+                            a);
       }
       s[r * sstride + t] = _mm512_reduce_add_ps(a) * scale;
     }
@@ -151,7 +152,8 @@ void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* t
 void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                       float* s, size_t sstride) {
   size_t h = 0;
-  for (; h + 8 <= nq; h += 8) scores_rows<8, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  for (; h + 8 <= nq; h += 8)
+    scores_rows<8, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
   if (h + 4 <= nq) {
     scores_rows<4, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
     h += 4;

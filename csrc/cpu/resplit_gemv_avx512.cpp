@@ -103,7 +103,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
       __m512i raw[2], a[2];
       for (int k = 0; k < 2; ++k) {
         const uint8_t* qr = q + (2 * p + k) * rb + 8 * b;
-        _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T0);  // these blocks 8 rows on (the next row group)
+        _mm_prefetch(reinterpret_cast<const char*>(qr + 8 * rb), _MM_HINT_T1);  // these blocks 8 rows on (the next row group)
         raw[k] = _mm512_maskz_loadu_epi8(lm, qr);
         a[k] = wq_state_sums<Zmm, Z>(_mm512_and_si512(raw[k], keep), xq);
       }
@@ -160,8 +160,8 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
     const size_t nbl = nb - b < 4 ? nb - b : 4;
     const uint8_t* qb = q + 18 * b;
     if (NT == 1) {
-      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T1);
     }
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)qb));
     float d[4] = {D * (float)qb[16], 0.f, 0.f, 0.f}, m[4] = {M * (float)qb[17], 0.f, 0.f, 0.f};

@@ -12,6 +12,7 @@
 // activations are loaded once for the 8 rows, and the per-row constants (WR's D, D4's
 // D and M) scale the row sums at the end. Loads, not arithmetic, bounded the one-row
 // loop: from DRAM at 2 threads WR went from 22 to 38 GB/s and D4 from 36 to 44.
+// Rows ahead are fetched into L2, not L1 (ggml_q8_simd.h says why).
 #include "isa.h"
 #include "resplit.h"
 
@@ -118,7 +119,7 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
     for (int r = 0; r < R; ++r) {
       const uint8_t* g = q + r * rb + off;
-      _mm_prefetch(reinterpret_cast<const char*>(g + 2 * R * rb), _MM_HINT_T0);  // this group two row passes on
+      _mm_prefetch(reinterpret_cast<const char*>(g + 2 * R * rb), _MM_HINT_T1);  // this group two row passes on
       c[r] = codes(k, g, w);
     }
     for (size_t p = 0; p < m; ++p) {
@@ -199,8 +200,8 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   const size_t ahead = 8 * (4 + 18 * nb);  // the same blocks 8 rows on (the next row group of a GEMV)
   for (size_t b = 0; b < nb; b += 4) {
     if (NT == 1) {
-      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + 64 + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(q + 18 * b + 64 + ahead), _MM_HINT_T1);
     }
     const D4Step s = d4_step(k, q + 18 * b, nb - b < 4 ? nb - b : 4, D, M);
     const float* g = xp + (b / 4) * 64;
@@ -234,8 +235,8 @@ void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     const __m512 sx = _mm512_loadu_ps(g + 32), xs = _mm512_loadu_ps(g + 48);
     for (int r = 0; r < R; ++r) {
       const uint8_t* qb = q + r * rb + 4 + 18 * b;
-      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(qb + 64 + ahead), _MM_HINT_T1);
       const __m512i a = _mm512_maskz_loadu_epi8(ma, qb), bb = _mm512_maskz_loadu_epi8(mb, qb + 64);
       const __m512i v = _mm512_permutex2var_epi8(a, k.nib, bb);
       const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, m4), x0),
