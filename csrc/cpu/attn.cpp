@@ -168,14 +168,19 @@ struct TileOps {
   float (*max)(const float*, size_t);
   float (*exp)(float*, size_t, float);
   void (*accum)(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*);
+  // scores and accum on the cache's own f16 / f32 rows (no tile), where the ISA has them
+  void (*scores_rows)(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, float, float*, size_t);
+  void (*accum_rows)(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, const float*, float* const*);
 };
 
 float max_of(const float* p, size_t n) { return n ? *std::max_element(p, p + n) : -INFINITY; }
 
 const TileOps& tile_ops() {
-  static const TileOps scalar{rows_f32, scores, max_of, exp_sub, accum};
-  static const TileOps avx2{kv_rows_f32_avx2, kv_scores_avx2, kv_max_avx2, kv_exp_avx2, kv_accum_avx2};
-  static const TileOps avx512{kv_rows_f32_avx512, kv_scores_avx512, kv_max_avx2, kv_exp_avx2, kv_accum_avx512};
+  static const TileOps scalar{rows_f32, scores, max_of, exp_sub, accum, nullptr, nullptr};
+  static const TileOps avx2{kv_rows_f32_avx2, kv_scores_avx2, kv_max_avx2, kv_exp_avx2,
+                            kv_accum_avx2,    nullptr,        nullptr};
+  static const TileOps avx512{kv_rows_f32_avx512, kv_scores_avx512,      kv_max_avx2,         kv_exp_avx2,
+                              kv_accum_avx512,    kv_scores_rows_avx512, kv_accum_rows_avx512};
   static const TileOps* ops = active_isa() == Isa::Avx512 ? &avx512 : active_isa() == Isa::Avx2 ? &avx2 : &scalar;
   return *ops;
 }
@@ -184,6 +189,8 @@ void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size
               float* const* o, std::vector<float>& qb, std::vector<float>& kt, std::vector<float>& vt,
               std::vector<float>& s, std::vector<float>& cr) {
   const TileOps& op = tile_ops();
+  // f16 / f32 rows are read in place where the ISA can; q8_0 (and the portable path) via a tile
+  const bool direct = op.scores_rows && A.K->type != KvType::Q8_0 && A.V->type != KvType::Q8_0;
   const size_t rep = A.rep, hd = A.K->dim, hdv = A.V->dim, rows = tn * rep;
   for (size_t t = 0; t < tn; ++t)  // rows t * rep + h, contiguous for the score kernel
     std::memcpy(qb.data() + t * rep * hd, A.q + ((t0 + t) * A.n_head + g * rep) * hd, rep * hd * sizeof(float));
@@ -199,13 +206,16 @@ void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size
       prefetch_rows(*A.K, g, j + kPrefetch, pe);
       if (!A.shared) prefetch_rows(*A.V, g, j + kPrefetch, pe);
     }
-    op.rows_f32(*A.K, g, j, n, kt.data());
-    op.scores(qb.data() + r0 * hd, rows - r0, hd, kt.data(), n, hd, A.scale, s.data() + r0 * kTile,
-                                     kTile);
     const float* vrows = kt.data();
-    if (!A.shared) {
-      op.rows_f32(*A.V, g, j, n, vt.data());
-      vrows = vt.data();
+    if (direct) {
+      op.scores_rows(qb.data() + r0 * hd, rows - r0, hd, *A.K, g, j, n, A.scale, s.data() + r0 * kTile, kTile);
+    } else {
+      op.rows_f32(*A.K, g, j, n, kt.data());
+      op.scores(qb.data() + r0 * hd, rows - r0, hd, kt.data(), n, hd, A.scale, s.data() + r0 * kTile, kTile);
+      if (!A.shared) {
+        op.rows_f32(*A.V, g, j, n, vt.data());
+        vrows = vt.data();
+      }
     }
     for (size_t r = r0; r < rows; ++r) {
       const size_t lim = A.pos0 + t0 + r / rep + 1, cnt = std::min(n, lim - j);  // keys of the tile this row sees
@@ -222,8 +232,10 @@ void run_rows(const AttnTask& A, size_t g, size_t t0, size_t tn, size_t j0, size
       }
       cr[r] = c;
     }
-    op.accum(s.data() + r0 * kTile, kTile, rows - r0, vrows, A.shared ? hd : hdv, n, hdv,
-                                   cr.data() + r0, o + r0);
+    if (direct)
+      op.accum_rows(s.data() + r0 * kTile, kTile, rows - r0, *A.V, g, j, n, cr.data() + r0, o + r0);
+    else
+      op.accum(s.data() + r0 * kTile, kTile, rows - r0, vrows, A.shared ? hd : hdv, n, hdv, cr.data() + r0, o + r0);
   }
 }
 

@@ -72,5 +72,11 @@ void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* ti
                       float* s, size_t sstride);
 void kv_accum_avx512(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                      size_t dim, const float* c, float* const* o);
+// The same on the cache's own rows j0 .. j0 + n of group g, f16 or f32 (no tile): f16 is
+// converted as it is loaded.
+void kv_scores_rows_avx512(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
+                           float scale, float* s, size_t sstride);
+void kv_accum_rows_avx512(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
+                          const float* c, float* const* o);
 
 }  // namespace rmoe

@@ -1,8 +1,9 @@
 // attn_cached's pieces with AVX-512 (F, BW, VL, DQ; called only where isa.cpp allows
-// AVX-512): cache rows to f32 tiles 16 values at a time, scores of up to 16 (row, key)
-// pairs at once with their 16 partial-sum registers folded into one by a shuffle tree
-// (no horizontal sum per score), and the weighted sum of values with several rows'
-// outputs held in registers. Dimensions that are not a multiple of 16 end in masked loads.
+// AVX-512): scores of up to 16 (row, key) pairs at once with their 16 partial-sum
+// registers folded into one by a shuffle tree (no horizontal sum per score), and the
+// weighted sum of values with several rows' outputs held in registers. Both read f16 and
+// f32 cache rows in place (f16 converted as it is loaded); q8_0 rows go through an f32
+// tile first. Dimensions that are not a multiple of 16 end in masked loads.
 #include "attn.h"
 
 #if RMOE_X86
@@ -38,9 +39,26 @@ RMOE_INLINE __m512 fold16(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
 }
 
+// Where the keys and values come from: an f32 tile (rows f32 values apart), or the cache's
+// own f32 or f16 rows (stride bytes apart), converted as they are loaded.
+struct F32Rows {
+  const float* p;
+  size_t stride;  // floats
+  RMOE_INLINE __m512 load(size_t t, size_t d, __mmask16 m) const {
+    return _mm512_maskz_loadu_ps(m, p + t * stride + d);
+  }
+};
+struct F16Rows {
+  const uint8_t* p;
+  size_t stride;  // bytes
+  RMOE_INLINE __m512 load(size_t t, size_t d, __mmask16 m) const {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p + t * stride + 2 * d));
+  }
+};
+
 // Scores of R rows against K keys (R * K = 16): accumulator r * K + k holds q_r . key_k.
-template <int R, int K>
-void scores_block(const float* q, size_t qstride, const float* keys, size_t dim, float scale, float* s,
+template <int R, int K, class Rows>
+void scores_block(const float* q, size_t qstride, const Rows& keys, size_t t0, size_t dim, float scale, float* s,
                   size_t sstride) {
   static_assert(R * K == 16, "one register per (row, key) pair, 16 of them");
   __m512 acc[16];
@@ -50,7 +68,7 @@ void scores_block(const float* q, size_t qstride, const float* keys, size_t dim,
     const __mmask16 m = tail_mask(dim - d);
     __m512 kv[K];
     RMOE_UNROLL
-    for (int k = 0; k < K; ++k) kv[k] = _mm512_maskz_loadu_ps(m, keys + k * dim + d);
+    for (int k = 0; k < K; ++k) kv[k] = keys.load(t0 + k, d, m);
     RMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 x = _mm512_maskz_loadu_ps(m, q + r * qstride + d);
@@ -67,28 +85,27 @@ void scores_block(const float* q, size_t qstride, const float* keys, size_t dim,
 }
 
 // Keys of the tile in steps of K for R rows; keys left over one at a time.
-template <int R, int K>
-void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, size_t dim, float scale, float* s,
+template <int R, int K, class Rows>
+void scores_rows(const float* q, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale, float* s,
                  size_t sstride) {
   size_t t = 0;
-  for (; t + K <= n; t += K) scores_block<R, K>(q, qstride, tile + t * dim, dim, scale, s + t, sstride);
+  for (; t + K <= n; t += K) scores_block<R, K>(q, qstride, keys, t, dim, scale, s + t, sstride);
   for (; t < n; ++t)
     RMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       __m512 a = _mm512_setzero_ps();
       for (size_t d = 0; d < dim; d += 16) {
         const __mmask16 m = tail_mask(dim - d);
-        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + r * qstride + d), _mm512_maskz_loadu_ps(m, tile + t * dim + d),
-                            a);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + r * qstride + d), keys.load(t, d, m), a);
       }
       s[r * sstride + t] = _mm512_reduce_add_ps(a) * scale;
     }
 }
 
 // R rows' outputs o[r][d0 .. d0 + 16 * DV) in registers over the tile's keys.
-template <int R, int DV>
-void accum_block(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t d0, size_t dim,
-                 const float* c, float* const* o) {
+template <int R, int DV, class Rows>
+void accum_block(const float* p, size_t pstride, const Rows& vals, size_t n, size_t d0, size_t dim, const float* c,
+                 float* const* o) {
   __mmask16 m[DV];
   RMOE_UNROLL
   for (int i = 0; i < DV; ++i) m[i] = d0 + 16 * i < dim ? tail_mask(dim - d0 - 16 * i) : (__mmask16)0;
@@ -102,7 +119,7 @@ void accum_block(const float* p, size_t pstride, const float* tile, size_t tstri
   for (size_t t = 0; t < n; ++t) {
     __m512 v[DV];
     RMOE_UNROLL
-    for (int i = 0; i < DV; ++i) v[i] = _mm512_maskz_loadu_ps(m[i], tile + t * tstride + d0 + 16 * i);
+    for (int i = 0; i < DV; ++i) v[i] = vals.load(t, d0 + 16 * i, m[i]);
     RMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_set1_ps(p[r * pstride + t]);
@@ -116,11 +133,46 @@ void accum_block(const float* p, size_t pstride, const float* tile, size_t tstri
     for (int i = 0; i < DV; ++i) _mm512_mask_storeu_ps(o[r] + d0 + 16 * i, m[i], acc[r][i]);
 }
 
-template <int R, int DV>
-void accum_rows(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
-                const float* c, float* const* o) {
-  for (size_t d0 = 0; d0 < dim; d0 += 16 * DV) accum_block<R, DV>(p, pstride, tile, tstride, n, d0, dim, c, o);
+template <int R, int DV, class Rows>
+void accum_rows(const float* p, size_t pstride, const Rows& vals, size_t n, size_t dim, const float* c,
+                float* const* o) {
+  for (size_t d0 = 0; d0 < dim; d0 += 16 * DV) accum_block<R, DV>(p, pstride, vals, n, d0, dim, c, o);
 }
+
+template <class Rows>
+void scores_all(const float* q, size_t nq, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale,
+                float* s, size_t sstride) {
+  size_t h = 0;
+  for (; h + 8 <= nq; h += 8)
+    scores_rows<8, 2>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+  if (h + 4 <= nq) {
+    scores_rows<4, 4>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+    h += 4;
+  }
+  if (h + 2 <= nq) {
+    scores_rows<2, 8>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+    h += 2;
+  }
+  if (h < nq) scores_rows<1, 16>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+}
+
+template <class Rows>
+void accum_all(const float* p, size_t pstride, size_t rows, const Rows& vals, size_t n, size_t dim, const float* c,
+               float* const* o) {
+  size_t r = 0;
+  for (; r + 8 <= rows; r += 8) accum_rows<8, 2>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+  if (r + 4 <= rows) {
+    accum_rows<4, 4>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+    r += 4;
+  }
+  if (r + 2 <= rows) {
+    accum_rows<2, 8>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+    r += 2;
+  }
+  if (r < rows) accum_rows<1, 8>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+}
+
+const uint8_t* row0(const KvRows& c, size_t g, size_t j0) { return c.base + j0 * c.pos_stride + g * c.head_stride; }
 
 }  // namespace
 
@@ -151,33 +203,30 @@ void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* t
 
 void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                       float* s, size_t sstride) {
-  size_t h = 0;
-  for (; h + 8 <= nq; h += 8)
-    scores_rows<8, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
-  if (h + 4 <= nq) {
-    scores_rows<4, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
-    h += 4;
-  }
-  if (h + 2 <= nq) {
-    scores_rows<2, 8>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
-    h += 2;
-  }
-  if (h < nq) scores_rows<1, 16>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  scores_all(q, nq, qstride, F32Rows{tile, dim}, n, dim, scale, s, sstride);
 }
 
 void kv_accum_avx512(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                      size_t dim, const float* c, float* const* o) {
-  size_t r = 0;
-  for (; r + 8 <= rows; r += 8) accum_rows<8, 2>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-  if (r + 4 <= rows) {
-    accum_rows<4, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-    r += 4;
-  }
-  if (r + 2 <= rows) {
-    accum_rows<2, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-    r += 2;
-  }
-  if (r < rows) accum_rows<1, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  accum_all(p, pstride, rows, F32Rows{tile, tstride}, n, dim, c, o);
+}
+
+void kv_scores_rows_avx512(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
+                           float scale, float* s, size_t sstride) {
+  if (k.type == KvType::F16)
+    scores_all(q, nq, qstride, F16Rows{row0(k, g, j0), k.pos_stride}, n, k.dim, scale, s, sstride);
+  else
+    scores_all(q, nq, qstride, F32Rows{reinterpret_cast<const float*>(row0(k, g, j0)), k.pos_stride / 4}, n, k.dim,
+               scale, s, sstride);
+}
+
+void kv_accum_rows_avx512(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
+                          const float* c, float* const* o) {
+  if (v.type == KvType::F16)
+    accum_all(p, pstride, rows, F16Rows{row0(v, g, j0), v.pos_stride}, n, v.dim, c, o);
+  else
+    accum_all(p, pstride, rows, F32Rows{reinterpret_cast<const float*>(row0(v, g, j0)), v.pos_stride / 4}, n, v.dim, c,
+              o);
 }
 
 }  // namespace rmoe
@@ -187,5 +236,9 @@ namespace rmoe {
 void kv_rows_f32_avx512(const KvRows&, size_t, size_t, size_t, float*) {}
 void kv_scores_avx512(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
 void kv_accum_avx512(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*) {}
+void kv_scores_rows_avx512(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, float, float*,
+                           size_t) {}
+void kv_accum_rows_avx512(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, const float*,
+                          float* const*) {}
 }  // namespace rmoe
 #endif
