@@ -177,8 +177,8 @@ float max_of(const float* p, size_t n) { return n ? *std::max_element(p, p + n) 
 
 const TileOps& tile_ops() {
   static const TileOps scalar{rows_f32, scores, max_of, exp_sub, accum, nullptr, nullptr};
-  static const TileOps avx2{kv_rows_f32_avx2, kv_scores_avx2, kv_max_avx2, kv_exp_avx2,
-                            kv_accum_avx2,    nullptr,        nullptr};
+  static const TileOps avx2{kv_rows_f32_avx2, kv_scores_avx2,      kv_max_avx2,       kv_exp_avx2,
+                            kv_accum_avx2,    kv_scores_rows_avx2, kv_accum_rows_avx2};
   static const TileOps avx512{kv_rows_f32_avx512, kv_scores_avx512,      kv_max_avx2,         kv_exp_avx2,
                               kv_accum_avx512,    kv_scores_rows_avx512, kv_accum_rows_avx512};
   static const TileOps* ops = active_isa() == Isa::Avx512 ? &avx512 : active_isa() == Isa::Avx2 ? &avx2 : &scalar;

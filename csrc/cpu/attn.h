@@ -67,6 +67,10 @@ float kv_exp_avx2(float* p, size_t n, float m);  // p = e^(p - m), returns the s
 // For each of `rows` rows r (weights p + r * pstride): o[r] = c[r] * o[r] + sum_t p_t tile_t[0:dim].
 void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                    size_t dim, const float* c, float* const* o);
+void kv_scores_rows_avx2(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
+                         float scale, float* s, size_t sstride);  // as kv_scores_rows_avx512 below
+void kv_accum_rows_avx2(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
+                        const float* c, float* const* o);
 void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* tile);
 void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                       float* s, size_t sstride);

@@ -1,7 +1,8 @@
 // attn_cached's pieces with AVX2 + FMA + F16C (called only where isa.cpp allows AVX2):
-// cache rows to f32 tiles, scores of 8 (row, key) pairs at once folded by hadd trees,
-// a row's maximum, e^x (simd.h's exp8_ps), and the weighted sum of values with several
-// rows' outputs held in registers.
+// scores of 8 (row, key) pairs at once folded by hadd trees, a row's maximum, e^x
+// (simd.h's exp8_ps), and the weighted sum of values with several rows' outputs held in
+// registers. Both read f16 and f32 cache rows in place (f16 converted as it is loaded);
+// q8_0 rows go through an f32 tile first.
 #include "attn.h"
 
 #if RMOE_X86
@@ -18,14 +19,27 @@ namespace {
 
 #define RMOE_UNROLL _Pragma("GCC unroll 16")
 
-inline float dot8(const float* a, const float* b, size_t n) {
-  __m256 s = _mm256_setzero_ps();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
-  float t = hsum8(s);
-  for (; i < n; ++i) t += a[i] * b[i];
-  return t;
-}
+// Where the keys and values come from: an f32 tile (rows `stride` floats apart), or the
+// cache's own f32 or f16 rows (stride bytes apart), converted as they are loaded.
+struct F32Rows {
+  const float* p;
+  size_t stride;  // floats
+  RMOE_INLINE __m256 load8(size_t t, size_t d) const { return _mm256_loadu_ps(p + t * stride + d); }
+  RMOE_INLINE float load1(size_t t, size_t d) const { return p[t * stride + d]; }
+};
+struct F16Rows {
+  const uint8_t* p;
+  size_t stride;  // bytes
+  RMOE_INLINE __m256 load8(size_t t, size_t d) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + t * stride + 2 * d)));
+  }
+  RMOE_INLINE float load1(size_t t, size_t d) const {
+    const uint8_t* b = p + t * stride + 2 * d;
+    return h2f((uint32_t)(b[0] | b[1] << 8));
+  }
+};
+
+const uint8_t* row0(const KvRows& c, size_t g, size_t j0) { return c.base + j0 * c.pos_stride + g * c.head_stride; }
 
 }  // namespace
 
@@ -63,21 +77,20 @@ RMOE_INLINE __m256 fold8(const __m256 (&v)[8]) {
 }
 
 // Scores of R rows against K keys (R * K = 8): accumulator r * K + k holds q_r . key_k.
-template <int R, int K>
-void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, size_t dim, float scale, float* s,
+template <int R, int K, class Rows>
+void scores_rows(const float* q, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale, float* s,
                  size_t sstride) {
   static_assert(R * K == 8, "one register per (row, key) pair, 8 of them");
   const size_t d8 = dim / 8 * 8;
   size_t t = 0;
   for (; t + K <= n; t += K) {
-    const float* keys = tile + t * dim;
     __m256 acc[8];
     RMOE_UNROLL
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
     for (size_t d = 0; d < d8; d += 8) {
       __m256 kv[K];
       RMOE_UNROLL
-      for (int k = 0; k < K; ++k) kv[k] = _mm256_loadu_ps(keys + k * dim + d);
+      for (int k = 0; k < K; ++k) kv[k] = keys.load8(t + k, d);
       RMOE_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m256 x = _mm256_loadu_ps(q + r * qstride + d);
@@ -92,27 +105,48 @@ void scores_rows(const float* q, size_t qstride, const float* tile, size_t n, si
       RMOE_UNROLL
       for (int k = 0; k < K; ++k) {
         float v = out[r * K + k];
-        for (size_t d = d8; d < dim; ++d) v += q[r * qstride + d] * keys[k * dim + d];
+        for (size_t d = d8; d < dim; ++d) v += q[r * qstride + d] * keys.load1(t + k, d);
         s[r * sstride + t + k] = v * scale;
       }
   }
   for (; t < n; ++t)
     RMOE_UNROLL
-    for (int r = 0; r < R; ++r) s[r * sstride + t] = dot8(q + r * qstride, tile + t * dim, dim) * scale;
+    for (int r = 0; r < R; ++r) {
+      __m256 a = _mm256_setzero_ps();
+      for (size_t d = 0; d < d8; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * qstride + d), keys.load8(t, d), a);
+      float v = hsum8(a);
+      for (size_t d = d8; d < dim; ++d) v += q[r * qstride + d] * keys.load1(t, d);
+      s[r * sstride + t] = v * scale;
+    }
+}
+
+template <class Rows>
+void scores_all(const float* q, size_t nq, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale,
+                float* s, size_t sstride) {
+  size_t h = 0;
+  for (; h + 4 <= nq; h += 4)
+    scores_rows<4, 2>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+  if (h + 2 <= nq) {
+    scores_rows<2, 4>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+    h += 2;
+  }
+  if (h < nq) scores_rows<1, 8>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
 }
 
 }  // namespace
 
 void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                     float* s, size_t sstride) {
-  size_t h = 0;
-  for (; h + 4 <= nq; h += 4)
-    scores_rows<4, 2>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
-  if (h + 2 <= nq) {
-    scores_rows<2, 4>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
-    h += 2;
-  }
-  if (h < nq) scores_rows<1, 8>(q + h * qstride, qstride, tile, n, dim, scale, s + h * sstride, sstride);
+  scores_all(q, nq, qstride, F32Rows{tile, dim}, n, dim, scale, s, sstride);
+}
+
+void kv_scores_rows_avx2(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
+                         float scale, float* s, size_t sstride) {
+  if (k.type == KvType::F16)
+    scores_all(q, nq, qstride, F16Rows{row0(k, g, j0), k.pos_stride}, n, k.dim, scale, s, sstride);
+  else
+    scores_all(q, nq, qstride, F32Rows{reinterpret_cast<const float*>(row0(k, g, j0)), k.pos_stride / 4}, n, k.dim,
+               scale, s, sstride);
 }
 
 float kv_max_avx2(const float* p, size_t n) {
@@ -144,9 +178,9 @@ float kv_exp_avx2(float* p, size_t n, float m) {
 namespace {
 
 // R rows' outputs o[r][d0 .. d0 + 8 * DV) in registers over the tile's keys (d0 + 8 * DV <= dim).
-template <int R, int DV>
-void accum_block(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t d0,
-                 const float* c, float* const* o) {
+template <int R, int DV, class Rows>
+void accum_block(const float* p, size_t pstride, const Rows& vals, size_t n, size_t d0, const float* c,
+                 float* const* o) {
   __m256 acc[R][DV];
   RMOE_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -157,7 +191,7 @@ void accum_block(const float* p, size_t pstride, const float* tile, size_t tstri
   for (size_t t = 0; t < n; ++t) {
     __m256 v[DV];
     RMOE_UNROLL
-    for (int i = 0; i < DV; ++i) v[i] = _mm256_loadu_ps(tile + t * tstride + d0 + 8 * i);
+    for (int i = 0; i < DV; ++i) v[i] = vals.load8(t, d0 + 8 * i);
     RMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 w = _mm256_broadcast_ss(p + r * pstride + t);
@@ -172,32 +206,47 @@ void accum_block(const float* p, size_t pstride, const float* tile, size_t tstri
 }
 
 // R rows: 8 * DV outputs at a time, then 8, then the last ones one by one.
-template <int R, int DV>
-void accum_rows(const float* p, size_t pstride, const float* tile, size_t tstride, size_t n, size_t dim,
-                const float* c, float* const* o) {
+template <int R, int DV, class Rows>
+void accum_rows(const float* p, size_t pstride, const Rows& vals, size_t n, size_t dim, const float* c,
+                float* const* o) {
   size_t d0 = 0;
-  for (; d0 + 8 * DV <= dim; d0 += 8 * DV) accum_block<R, DV>(p, pstride, tile, tstride, n, d0, c, o);
-  for (; d0 + 8 <= dim; d0 += 8) accum_block<R, 1>(p, pstride, tile, tstride, n, d0, c, o);
+  for (; d0 + 8 * DV <= dim; d0 += 8 * DV) accum_block<R, DV>(p, pstride, vals, n, d0, c, o);
+  for (; d0 + 8 <= dim; d0 += 8) accum_block<R, 1>(p, pstride, vals, n, d0, c, o);
   for (; d0 < dim; ++d0)
     RMOE_UNROLL
     for (int r = 0; r < R; ++r) {
       float acc = c[r] * o[r][d0];
-      for (size_t t = 0; t < n; ++t) acc += p[r * pstride + t] * tile[t * tstride + d0];
+      for (size_t t = 0; t < n; ++t) acc += p[r * pstride + t] * vals.load1(t, d0);
       o[r][d0] = acc;
     }
+}
+
+template <class Rows>
+void accum_all(const float* p, size_t pstride, size_t rows, const Rows& vals, size_t n, size_t dim, const float* c,
+               float* const* o) {
+  // every value load feeds 3 (or 2) rows' FMAs: 12 (8) accumulators of the 16 registers
+  size_t r = 0;
+  for (; r + 3 <= rows; r += 3) accum_rows<3, 4>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+  if (r + 2 <= rows)
+    accum_rows<2, 4>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+  else if (r < rows)
+    accum_rows<1, 8>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
 }
 
 }  // namespace
 
 void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                    size_t dim, const float* c, float* const* o) {
-  // every value load feeds 3 (or 2) rows' FMAs: 12 (8) accumulators of the 16 registers
-  size_t r = 0;
-  for (; r + 3 <= rows; r += 3) accum_rows<3, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-  if (r + 2 <= rows)
-    accum_rows<2, 4>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
-  else if (r < rows)
-    accum_rows<1, 8>(p + r * pstride, pstride, tile, tstride, n, dim, c + r, o + r);
+  accum_all(p, pstride, rows, F32Rows{tile, tstride}, n, dim, c, o);
+}
+
+void kv_accum_rows_avx2(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
+                        const float* c, float* const* o) {
+  if (v.type == KvType::F16)
+    accum_all(p, pstride, rows, F16Rows{row0(v, g, j0), v.pos_stride}, n, v.dim, c, o);
+  else
+    accum_all(p, pstride, rows, F32Rows{reinterpret_cast<const float*>(row0(v, g, j0)), v.pos_stride / 4}, n, v.dim, c,
+              o);
 }
 
 }  // namespace rmoe
@@ -208,6 +257,9 @@ void kv_rows_f32_avx2(const KvRows&, size_t, size_t, size_t, float*) {}
 void kv_scores_avx2(const float*, size_t, size_t, const float*, size_t, size_t, float, float*, size_t) {}
 float kv_exp_avx2(float*, size_t, float) { return 0.f; }
 float kv_max_avx2(const float*, size_t) { return 0.f; }
+void kv_scores_rows_avx2(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, float, float*, size_t) {}
+void kv_accum_rows_avx2(const float*, size_t, size_t, const KvRows&, size_t, size_t, size_t, const float*,
+                        float* const*) {}
 void kv_accum_avx2(const float*, size_t, size_t, const float*, size_t, size_t, size_t, const float*, float* const*) {}
 }  // namespace rmoe
 #endif
