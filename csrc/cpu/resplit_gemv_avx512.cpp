@@ -90,6 +90,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
   const __m512i twice = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);  // lane 2b -> b, 8+b
   const __m512 inv256 = _mm512_set1_ps(1.0f / 256.0f);
   __m512 tot[NP];
+  #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) tot[p] = _mm512_setzero_ps();
   for (size_t b = 0; b < nb; b += 8) {
     const size_t nbl = nb - b < 8 ? nb - b : 8;
@@ -99,6 +100,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
     for (int i = 0; i < S; ++i) xq[i] = _mm512_loadu_si512(g + 16 * i);
     const __m512 sx = _mm512_permutexvar_ps(twice, _mm512_mul_ps(_mm512_loadu_ps(g + 16 * S), inv256));
     const __m512 c = _mm512_permutexvar_ps(twice, _mm512_loadu_ps(g + 16 * S + 16));
+    #pragma GCC unroll 8
     for (int p = 0; p < NP; ++p) {
       __m512i raw[2], a[2];
       for (int k = 0; k < 2; ++k) {
@@ -116,6 +118,7 @@ void wq_rows_vnni(const uint8_t* q, size_t rb, size_t nb, const float* xp, float
       tot[p] = _mm512_fmadd_ps(dq, _mm512_fmsub_ps(_mm512_cvtepi32_ps(ab), sx, c), tot[p]);
     }
   }
+  #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p) {
     y[2 * p] = _mm512_mask_reduce_add_ps(0x00FF, tot[p]);
     y[2 * p + 1] = _mm512_mask_reduce_add_ps(0xFF00, tot[p]);

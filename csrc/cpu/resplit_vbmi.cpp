@@ -113,10 +113,12 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
   const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
   __m512 tot[R];
   __m512i c[R];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
   size_t off = 2;
   for (size_t b0 = 0; b0 < nb; b0 += 3) {
     const size_t m = nb - b0 < 3 ? nb - b0 : 3, w = wr_code_bits(m);
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* g = q + r * rb + off;
       _mm_prefetch(reinterpret_cast<const char*>(g + 2 * R * rb), _MM_HINT_T1);  // this group two row passes on
@@ -128,6 +130,7 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
       const __m512 sx = _mm512_loadu_ps(xb + 16);
       const __m512i lo = k.tab_lo[p], hi = k.tab_hi[p];
       const size_t so = off + 8 * w + 2 * p;  // the block's sub-scale word
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const uint8_t* ws = q + r * rb + so;
         const __m512i lv = _mm512_permutex2var_epi8(lo, c[r], hi);
@@ -138,6 +141,7 @@ void wr_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     }
     off += wr_group_bytes(m);
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* qr = q + r * rb;
     y[r] = _mm512_reduce_add_ps(tot[r]) * h2f(qr[0] | (qr[1] << 8));
@@ -224,6 +228,7 @@ void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
   const __mmask64 low = 0x1111111111111111ull;  // byte 0 of each int32 lane
   const __m512i m4 = _mm512_set1_epi8(0xF);
   __m512 tot[R], totm[R];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) tot[r] = totm[r] = _mm512_setzero_ps();
   const size_t ahead = R * rb;  // the same blocks R rows on (the next row group)
   for (size_t b = 0; b < nb; b += 4) {
@@ -233,6 +238,7 @@ void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
     const float* g = xp + (b / 4) * 64;
     const __m512i x0 = _mm512_loadu_si512(g), x1 = _mm512_loadu_si512(g + 16);
     const __m512 sx = _mm512_loadu_ps(g + 32), xs = _mm512_loadu_ps(g + 48);
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* qb = q + r * rb + 4 + 18 * b;
       _mm_prefetch(reinterpret_cast<const char*>(qb + ahead), _MM_HINT_T1);
@@ -247,6 +253,7 @@ void d4_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
       totm[r] = _mm512_fmadd_ps(mn, xs, totm[r]);
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* qr = q + r * rb;
     y[r] = h2f(qr[0] | (qr[1] << 8)) * _mm512_reduce_add_ps(tot[r]) - h2f(qr[2] | (qr[3] << 8)) * _mm512_reduce_add_ps(totm[r]);
