@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attn_rows.h"
 #include "simd.h"
 
 namespace rmoe {
@@ -38,8 +39,6 @@ struct F16Rows {
     return h2f((uint32_t)(b[0] | b[1] << 8));
   }
 };
-
-const uint8_t* row0(const KvRows& c, size_t g, size_t j0) { return c.base + j0 * c.pos_stride + g * c.head_stride; }
 
 }  // namespace
 
@@ -123,14 +122,10 @@ void scores_rows(const float* q, size_t qstride, const Rows& keys, size_t n, siz
 template <class Rows>
 void scores_all(const float* q, size_t nq, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale,
                 float* s, size_t sstride) {
-  size_t h = 0;
-  for (; h + 4 <= nq; h += 4)
-    scores_rows<4, 2>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
-  if (h + 2 <= nq) {
-    scores_rows<2, 4>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
-    h += 2;
-  }
-  if (h < nq) scores_rows<1, 8>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+  in_blocks<4>(nq, [&](auto r, size_t h) {  // 4 rows x 2 keys, 2 x 4, 1 x 8
+    scores_rows<decltype(r)::value, 8 / decltype(r)::value>(q + h * qstride, qstride, keys, n, dim, scale,
+                                                              s + h * sstride, sstride);
+  });
 }
 
 }  // namespace
@@ -142,11 +137,8 @@ void kv_scores_avx2(const float* q, size_t nq, size_t qstride, const float* tile
 
 void kv_scores_rows_avx2(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
                          float scale, float* s, size_t sstride) {
-  if (k.type == KvType::F16)
-    scores_all(q, nq, qstride, F16Rows{row0(k, g, j0), k.pos_stride}, n, k.dim, scale, s, sstride);
-  else
-    scores_all(q, nq, qstride, F32Rows{reinterpret_cast<const float*>(row0(k, g, j0)), k.pos_stride / 4}, n, k.dim,
-               scale, s, sstride);
+  on_cache_rows<F16Rows, F32Rows>(
+      k, g, j0, [&](const auto& keys) { scores_all(q, nq, qstride, keys, n, k.dim, scale, s, sstride); });
 }
 
 float kv_max_avx2(const float* p, size_t n) {
@@ -242,11 +234,8 @@ void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* til
 
 void kv_accum_rows_avx2(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
                         const float* c, float* const* o) {
-  if (v.type == KvType::F16)
-    accum_all(p, pstride, rows, F16Rows{row0(v, g, j0), v.pos_stride}, n, v.dim, c, o);
-  else
-    accum_all(p, pstride, rows, F32Rows{reinterpret_cast<const float*>(row0(v, g, j0)), v.pos_stride / 4}, n, v.dim, c,
-              o);
+  on_cache_rows<F16Rows, F32Rows>(
+      v, g, j0, [&](const auto& vals) { accum_all(p, pstride, rows, vals, n, v.dim, c, o); });
 }
 
 }  // namespace rmoe

@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "attn_rows.h"
 #include "simd.h"
 
 namespace rmoe {
@@ -142,37 +143,20 @@ void accum_rows(const float* p, size_t pstride, const Rows& vals, size_t n, size
 template <class Rows>
 void scores_all(const float* q, size_t nq, size_t qstride, const Rows& keys, size_t n, size_t dim, float scale,
                 float* s, size_t sstride) {
-  size_t h = 0;
-  for (; h + 8 <= nq; h += 8)
-    scores_rows<8, 2>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
-  if (h + 4 <= nq) {
-    scores_rows<4, 4>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
-    h += 4;
-  }
-  if (h + 2 <= nq) {
-    scores_rows<2, 8>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
-    h += 2;
-  }
-  if (h < nq) scores_rows<1, 16>(q + h * qstride, qstride, keys, n, dim, scale, s + h * sstride, sstride);
+  in_blocks<8>(nq, [&](auto r, size_t h) {  // 8 rows x 2 keys, 4 x 4, 2 x 8, 1 x 16
+    scores_rows<decltype(r)::value, 16 / decltype(r)::value>(q + h * qstride, qstride, keys, n, dim, scale,
+                                                               s + h * sstride, sstride);
+  });
 }
 
 template <class Rows>
 void accum_all(const float* p, size_t pstride, size_t rows, const Rows& vals, size_t n, size_t dim, const float* c,
                float* const* o) {
-  size_t r = 0;
-  for (; r + 8 <= rows; r += 8) accum_rows<8, 2>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
-  if (r + 4 <= rows) {
-    accum_rows<4, 4>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
-    r += 4;
-  }
-  if (r + 2 <= rows) {
-    accum_rows<2, 8>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
-    r += 2;
-  }
-  if (r < rows) accum_rows<1, 8>(p + r * pstride, pstride, vals, n, dim, c + r, o + r);
+  in_blocks<8>(rows, [&](auto r, size_t i) {  // 8 rows x 32 dims, 4 x 64, 2 x 128, 1 x 128
+    constexpr int R = decltype(r)::value;
+    accum_rows<R, R == 1 ? 8 : 16 / R>(p + i * pstride, pstride, vals, n, dim, c + i, o + i);
+  });
 }
-
-const uint8_t* row0(const KvRows& c, size_t g, size_t j0) { return c.base + j0 * c.pos_stride + g * c.head_stride; }
 
 }  // namespace
 
@@ -213,20 +197,14 @@ void kv_accum_avx512(const float* p, size_t pstride, size_t rows, const float* t
 
 void kv_scores_rows_avx512(const float* q, size_t nq, size_t qstride, const KvRows& k, size_t g, size_t j0, size_t n,
                            float scale, float* s, size_t sstride) {
-  if (k.type == KvType::F16)
-    scores_all(q, nq, qstride, F16Rows{row0(k, g, j0), k.pos_stride}, n, k.dim, scale, s, sstride);
-  else
-    scores_all(q, nq, qstride, F32Rows{reinterpret_cast<const float*>(row0(k, g, j0)), k.pos_stride / 4}, n, k.dim,
-               scale, s, sstride);
+  on_cache_rows<F16Rows, F32Rows>(
+      k, g, j0, [&](const auto& keys) { scores_all(q, nq, qstride, keys, n, k.dim, scale, s, sstride); });
 }
 
 void kv_accum_rows_avx512(const float* p, size_t pstride, size_t rows, const KvRows& v, size_t g, size_t j0, size_t n,
                           const float* c, float* const* o) {
-  if (v.type == KvType::F16)
-    accum_all(p, pstride, rows, F16Rows{row0(v, g, j0), v.pos_stride}, n, v.dim, c, o);
-  else
-    accum_all(p, pstride, rows, F32Rows{reinterpret_cast<const float*>(row0(v, g, j0)), v.pos_stride / 4}, n, v.dim, c,
-              o);
+  on_cache_rows<F16Rows, F32Rows>(
+      v, g, j0, [&](const auto& vals) { accum_all(p, pstride, rows, vals, n, v.dim, c, o); });
 }
 
 }  // namespace rmoe
