@@ -170,6 +170,12 @@ def decode_moe_block(h: np.ndarray, norm_w: np.ndarray, eps: float, router, k: i
                                  gate_q, up_q, down_q, gate_r, up_r, down4)
 
 
+def decode_chain():
+    """An empty run of fused decode blocks (DecodeChain: `add` a block's attention and
+    routed-expert operands once, then `run` one token through all of them per call)."""
+    return _cpu.DecodeChain()
+
+
 # ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----
 def resplit_format_version() -> int:
     """Version of the WQ/WR/D4 bytes and their meaning (a pack made with another is stale)."""

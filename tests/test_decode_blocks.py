@@ -155,3 +155,93 @@ def test_decode_attn_block_quantized_projections():
     got = kernels.decode_attn_block(x, norm_w, 1e-5, *ops, None, None, None, kc, vc, pos, nh, rope.cos[pos].numpy(),
                                     rope.sin[pos].numpy(), 16, True, None, None, 1e-6, 0.25)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- a decode token through consecutive fused blocks in one call (DecodeChain) ----
+
+@pytest.fixture(scope="module")
+def synth_models(tmp_path_factory):
+    from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.plan import PlanRequest
+    from rapidmoe.engine.synth import write_synthetic
+
+    d = tmp_path_factory.mktemp("chain")
+    cache = {}
+
+    def get(arch, critical, kv_type="f16"):
+        key = (arch, critical, kv_type)
+        if key not in cache:
+            p = write_synthetic(d / f"{arch}.gguf", arch, seed=5, dtype="f32", n_layer=3, n_embd=128, head_dim=32)
+            cache[key] = load_model(p, n_ctx=32, critical=critical, placement=PlanRequest(mode="cpu", kv_type=kv_type))
+        return cache[key]
+    return get
+
+
+def block_by_block(net, tok, pos, cache, policy):
+    """One decode token through each block's own call (its fused halves where they fuse)."""
+    from rapidmoe.engine.models.common import embed, linear
+    from rapidmoe.engine.step import Step
+
+    st = Step(policy=policy, prefill=False)
+    x = embed(net.tok_embd, torch.tensor([tok]))
+    for blk in net.blocks:
+        x = blk(x, pos, cache, st)
+    return linear(rms_norm(x, net.output_norm, net.cfg.rms_eps), net.output)[0], st
+
+
+# (preset, blocks a decode token runs through chains): qwen3moe has per-head q/k norms,
+# llama_moe none; olmoe's full q/k norm and qwen2moe's shared expert keep the per-block path
+@pytest.mark.parametrize("arch,chained", [("qwen3moe", 3), ("llama_moe", 3), ("olmoe", 0), ("qwen2moe", 0)])
+@pytest.mark.parametrize("critical,kv_type", [(2, "f16"), ("auto", "f16"), ("k", "q8_0")])
+def test_a_decode_token_through_the_chain_is_the_blocks_one_by_one(synth_models, arch, chained, critical, kv_type):
+    m = synth_models(arch, critical, kv_type)
+    R = m.runner
+    toks = [3, 17, 5, 9, 40, 2, 11]
+    chain, blocks = R.new_cache(32), R.new_cache(32)
+    R.prefill(toks[:3], 0, chain)
+    R.prefill(toks[:3], 0, blocks)
+    rs = set()
+    for pos in range(3, len(toks)):
+        logits, trace = R.decode(toks[pos], pos, chain)
+        want, st = block_by_block(R.net, toks[pos], pos, blocks, R.policy)
+        assert torch.equal(logits, want)  # the same kernels in the same order
+        assert sorted(trace.r) == sorted(st.r) and sorted(trace.ids) == sorted(st.ids)
+        for il in st.r:
+            assert np.array_equal(trace.r[il], st.r[il]) and np.array_equal(trace.ids[il], st.ids[il])
+            rs.add(int(trace.r[il][0]))
+    # the chain ran the blocks it can (one call for the whole run), and wrote the same cache
+    assert sum(len(c.blocks) for c in R.net._chains.get(chain, {}).values()) == chained
+    for il in range(m.cfg.n_layer):
+        assert torch.equal(chain.k[il].data, blocks.k[il].data) and torch.equal(chain.v[il].data, blocks.v[il].data)
+    if critical == 2:
+        assert rs == {2}
+    elif critical == "k":
+        assert rs == {m.cfg.n_expert_used}
+
+
+def test_the_chain_refuses_what_it_cannot_run(synth_models):
+    m = synth_models("qwen3moe", 2)
+    R = m.runner
+    cache = R.new_cache(32)
+    blocks = R.net.blocks
+    op = kernels.decode_chain()
+    with pytest.raises(ValueError, match="no blocks"):
+        op.run(np.zeros(m.cfg.n_embd, np.float32), 0, 2, np.zeros(0), 0.0, 0, 0)
+    for b in blocks:
+        args = {**b.attn.chain_args(cache), **b.ffn.chain_args(), "gate_r": None, "up_r": None, "down4": None}
+        op.add(attn_norm=b.attn_norm.numpy(), ffn_norm=b.ffn_norm.numpy(), eps=b.eps, **args)
+    x = np.ones(m.cfg.n_embd, np.float32)
+    out, ids, w, r = op.run(x, 0, 0, np.zeros(len(blocks)), 0.0, 0, 0)  # r = 0 needs no residual
+    assert out.shape == x.shape and np.isfinite(out).all() and list(r) == [0] * len(blocks)
+    with pytest.raises(ValueError, match="residuals"):
+        op.run(x, 1, 2, np.zeros(len(blocks)), 0.0, 0, 0)
+    with pytest.raises(ValueError, match="position past the cache"):
+        op.run(x, 32, 0, np.zeros(len(blocks)), 0.0, 0, 0)
+    with pytest.raises(ValueError, match="width"):
+        op.run(x[:-1], 1, 0, np.zeros(len(blocks)), 0.0, 0, 0)
+    with pytest.raises(ValueError, match="ab per block"):
+        op.run(x, 1, -1, np.zeros(1), 0.0, 0, 2)
+    b = blocks[0]
+    with pytest.raises(ValueError, match="RoPE tables"):
+        op.add(attn_norm=b.attn_norm.numpy(), ffn_norm=b.ffn_norm.numpy(), eps=b.eps,
+               **{**b.attn.chain_args(cache), "cos": b.attn.rope.cos[0].numpy()}, **b.ffn.chain_args())

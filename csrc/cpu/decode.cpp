@@ -98,4 +98,19 @@ int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, c
   return r;
 }
 
+void decode_layers(const DecodeLayer* layers, size_t n, size_t H, size_t pos, const CritPolicy* pol, float* x,
+                   int32_t* ids, float* w, int* r) {
+  std::vector<float> h(H);
+  size_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const DecodeLayer& L = layers[i];
+    AttnDecode a = L.a;
+    a.cos = L.cos + pos * (a.rope_dim / 2);
+    a.sin = L.sin + pos * (a.rope_dim / 2);
+    decode_attn_block(x, H, L.attn_norm, L.eps, L.wq, L.wk, L.wv, L.wo, L.bq, L.bk, L.bv, a, L.kc, L.vc, pos, h.data());
+    r[i] = decode_moe_block(h.data(), H, L.ffn_norm, L.eps, L.router, L.rs, pol[i], L.mw, x, ids + off, w + off);
+    off += L.rs.k;
+  }
+}
+
 }  // namespace rmoe

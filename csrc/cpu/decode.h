@@ -48,4 +48,28 @@ int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, c
                      const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, float* out,
                      int32_t* ids, float* w);
 
+// One transformer block whose two halves both fuse (decode_attn_block, then
+// decode_moe_block), as decode_layers runs it.
+struct DecodeLayer {
+  float eps;  // the block's two norms
+  const float* attn_norm;
+  GgmlMat wq, wk, wv, wo;
+  const float *bq, *bk, *bv;  // may be null
+  AttnDecode a;               // its cos/sin are set per position from the tables below
+  const float *cos, *sin;     // [n_pos, rope_dim / 2]
+  size_t n_pos;
+  KvRows kc, vc;
+  size_t n_ctx;
+  const float* ffn_norm;
+  GgmlMat router;
+  RouteSpec rs;
+  resplit::MoeWeights mw;
+};
+
+// One decode token at pos through n consecutive blocks, with no Python between them.
+// x [H] in and out; per block i: pol[i], and ids, w [k] at ids + off_i, w + off_i
+// (off_i = the k's of the blocks before it) and r[i], as decode_moe_block gives them.
+void decode_layers(const DecodeLayer* layers, size_t n, size_t H, size_t pos, const CritPolicy* pol, float* x,
+                   int32_t* ids, float* w, int* r);
+
 }  // namespace rmoe

@@ -3,6 +3,9 @@
 norm and the output head."""
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
 
 from .. import kernels
@@ -73,14 +76,28 @@ class Attention:
         """decode_block covers this layer (per-head or no q/k norms)."""
         return self.qk_norm != "full" and self.rope.dim <= self.cfg.head_dim
 
-    def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: KVCache) -> torch.Tensor:
-        """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the K/V cache written at pos)."""
+    def _operands(self) -> tuple:
+        """wq, wk, wv, wo as ggml operands and the biases (or None) as the fused kernels take them."""
         if self._ops is None:
             self._ops = (*(kernels.ggml_operand(w) for w in (self.wq, self.wk, self.wv, self.wo)),
                          *(None if b is None else b.numpy() for b in (self.bq, self.bk, self.bv)))
+        return self._ops
+
+    def chain_args(self, cache: KVCache) -> dict:
+        """The attention half's operands as DecodeChain.add takes them (this cache's rows,
+        the whole RoPE tables)."""
+        cfg = self.cfg
+        return dict(zip(("wq", "wk", "wv", "wo", "bq", "bk", "bv"), self._operands()),
+                    kc=cache.k[self.il].array(), vc=cache.v[self.il].array(), n_head=cfg.n_head,
+                    cos=self.rope.cos.numpy(), sin=self.rope.sin.numpy(), rope_dim=self.rope.dim,
+                    neox=self.rope.style == "neox", q_norm=self.q_norm_np, k_norm=self.k_norm_np,
+                    qk_eps=cfg.rms_eps, scale=self.scale)
+
+    def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: KVCache) -> torch.Tensor:
+        """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the K/V cache written at pos)."""
         cfg = self.cfg
         out = kernels.decode_attn_block(
-            x.numpy().reshape(-1), norm_w.numpy(), eps, *self._ops,
+            x.numpy().reshape(-1), norm_w.numpy(), eps, *self._operands(),
             cache.k[self.il].array(), cache.v[self.il].array(), pos, cfg.n_head, self.rope.cos[pos].numpy(),
             self.rope.sin[pos].numpy(), self.rope.dim, self.rope.style == "neox", self.q_norm_np, self.k_norm_np,
             cfg.rms_eps, self.scale)
@@ -99,6 +116,11 @@ class Block:
         self.attn, self.ffn = attn, ffn
         self.device = torch.device("cpu")  # where this block's weights and cache live
 
+    def chainable(self, step) -> bool:
+        """Both halves fuse for a decode token of this step (a DecodeChain can run the block)."""
+        return (step.fused and getattr(self.attn, "fusable", lambda: False)() and isinstance(self.ffn, MoEFFN)
+                and self.ffn.fusable(step))
+
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache, step) -> torch.Tensor:
         decode = x.shape[0] == 1 and step.fused  # the CPU step: each half in one kernel call
         if decode and getattr(self.attn, "fusable", lambda: False)():
@@ -111,6 +133,31 @@ class Block:
                     else self.ffn(rms_norm(h, self.ffn_norm, self.eps)))
 
 
+class BlockChain:
+    """Consecutive blocks that a decode token runs through in one kernel call
+    (DecodeChain): their operands and one cache's rows are handed over once."""
+
+    def __init__(self, blocks: list[Block], cache: KVCache):
+        self.blocks = blocks
+        self.op = kernels.decode_chain()
+        for b in blocks:
+            self.op.add(attn_norm=b.attn_norm.numpy(), ffn_norm=b.ffn_norm.numpy(), eps=b.eps,
+                        **b.attn.chain_args(cache), **b.ffn.chain_args())
+
+    def __call__(self, x: torch.Tensor, pos: int, step) -> torch.Tensor:
+        """x [1, H] at pos through the blocks; each MoE layer's r and ids recorded in step."""
+        crit = [b.ffn.crit_args(step) for b in self.blocks]
+        fixed, _, theta, r_min, r_max = crit[0]
+        out, ids, _, r = self.op.run(x.numpy().reshape(-1), pos, fixed, np.array([c[1] for c in crit]), theta,
+                                     r_min, r_max)
+        k0 = 0
+        for b, ri in zip(self.blocks, r):
+            k = b.ffn.spec.k
+            b.ffn.record(step, int(ri), ids[k0:k0 + k])
+            k0 += k
+        return torch.from_numpy(out).view(1, -1)
+
+
 class Transformer:
     def __init__(self, cfg: ModelConfig, W: Weights, build_block, progress=None):
         H, V = cfg.n_embd, cfg.n_vocab
@@ -119,6 +166,7 @@ class Transformer:
         self.output = W.mat("output.weight", H, V) if W.has("output.weight") else self.tok_embd  # tied
         self.output_norm = W.get("output_norm.weight", H)
         self.head_device = torch.device("cpu")  # where the output head runs (a GPU plan moves it)
+        self._chains = weakref.WeakKeyDictionary()  # cache -> {(first, end) block: BlockChain}
         self.blocks = []
         for il in range(cfg.n_layer):
             self.blocks.append(build_block(cfg, W, il))
@@ -128,6 +176,13 @@ class Transformer:
     def new_cache(self, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE) -> KVCache:
         """devices: the device of each layer's cache (None: host memory)."""
         return KVCache(self.cfg, n_ctx, devices, kv_type)
+
+    def _chain(self, cache: KVCache, i: int, j: int) -> BlockChain:
+        """Blocks i..j-1 as one DecodeChain over this cache (built on its first decode token)."""
+        chains = self._chains.setdefault(cache, {})
+        if (i, j) not in chains:
+            chains[(i, j)] = BlockChain(self.blocks[i:j], cache)
+        return chains[(i, j)]
 
     def moe_layers(self) -> list[MoEFFN]:
         return [b.ffn for b in self.blocks if isinstance(b.ffn, MoEFFN)]
@@ -142,8 +197,19 @@ class Transformer:
         # workers spinning beside it on the same cores only slow both down.
         torch.set_num_threads(1 if tokens.numel() == 1 else kernels.num_threads())
         x = embed(self.tok_embd, tokens)  # [T, H] on the host
-        for blk in self.blocks:
-            x = blk(x.to(blk.device), pos0, cache, step)
+        i, n = 0, len(self.blocks)
+        while i < n:
+            j = i
+            if tokens.numel() == 1:  # the CPU step's runs of fully fused blocks: one call each
+                while j < n and self.blocks[j].chainable(step):
+                    j += 1
+            if j - i > 1:
+                x = self._chain(cache, i, j)(x, pos0, step)
+                i = j
+            else:
+                blk = self.blocks[i]
+                x = blk(x.to(blk.device), pos0, cache, step)
+                i += 1
         if last_only:
             x = x[-1:]
         x = x.to(self.head_device)

@@ -51,22 +51,37 @@ class MoEFFN:
                 and isinstance(step.policy, (FixedCritical, UmiaPolicy))
                 and self.bias is None and self.spec.n_groups <= 1 and self.shared is None)
 
-    def decode_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, step) -> torch.Tensor:
-        """h [1, H] -> h + self(rms_norm(h)) in one kernel call (routing and policy included)."""
+    def crit_args(self, step) -> tuple[int, float, float, int, int]:
+        """This layer's critical-set policy as the fused kernels take it: (fixed, ab, theta,
+        r_min, r_max), fixed >= 0 for a fixed r, -1 for UMIA (ab = α(layer)·β(phase))."""
+        pol = step.policy
+        if isinstance(pol, FixedCritical):
+            return pol.r, 0.0, 0.0, 0, 0
+        p = pol.profile
+        prefill = step.prefill if pol.phase is None else pol.phase == "prefill"
+        ab = p.alpha[min(self.experts.layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
+        return -1, ab, p.theta, p.r_min, min(p.r_max, pol.k)
+
+    def chain_args(self) -> dict:
+        """The routed-expert half's operands as DecodeChain.add takes them."""
         e, spec = self.experts, self.spec
         if self._router_op is None:
             self._router_op = kernels.ggml_operand(self.router_w)
-        pol = step.policy
-        if isinstance(pol, FixedCritical):
-            fixed, ab, theta, r_min, r_max = pol.r, 0.0, 0.0, 0, 0
-        else:
-            p = pol.profile
-            prefill = step.prefill if pol.phase is None else pol.phase == "prefill"
-            ab = p.alpha[min(e.layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
-            fixed, theta, r_min, r_max = -1, p.theta, p.r_min, min(p.r_max, pol.k)
-        out, ids, w, r = kernels.decode_moe_block(
-            h.numpy().reshape(-1), norm_w.numpy(), eps, self._router_op, spec.k, spec.sigmoid, spec.norm_topk,
-            spec.scale, fixed, ab, theta, r_min, r_max, e.gate_q, e.up_q, e.down_q, e.gate_r, e.up_r, e.down4)
-        step.r[e.layer] = np.array([r], np.int32)
+        return dict(router=self._router_op, k=spec.k, sigmoid=spec.sigmoid, norm_topk=spec.norm_topk,
+                    rscale=spec.scale, gate_q=e.gate_q, up_q=e.up_q, down_q=e.down_q, gate_r=e.gate_r,
+                    up_r=e.up_r, down4=e.down4)
+
+    def record(self, step, r: int, ids) -> None:
+        """What the fused kernels chose for this decode token, into the step's records."""
+        step.r[self.experts.layer] = np.array([r], np.int32)
         step.ids[self.layer] = np.asarray(ids, np.int64).reshape(1, -1)
+
+    def decode_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, step) -> torch.Tensor:
+        """h [1, H] -> h + self(rms_norm(h)) in one kernel call (routing and policy included)."""
+        a = self.chain_args()
+        out, ids, w, r = kernels.decode_moe_block(
+            h.numpy().reshape(-1), norm_w.numpy(), eps, a["router"], a["k"], a["sigmoid"], a["norm_topk"],
+            a["rscale"], *self.crit_args(step), a["gate_q"], a["up_q"], a["down_q"], a["gate_r"], a["up_r"],
+            a["down4"])
+        self.record(step, r, ids)
         return torch.from_numpy(out).view(1, -1)
