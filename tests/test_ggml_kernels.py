@@ -221,15 +221,27 @@ def assert_result(y: np.ndarray, raw: np.ndarray, x: np.ndarray, qtype: G, int8:
     if int8 and qtype in INT8_TYPES:
         assert_int8_close(y, raw, wf, x, qtype)
     else:
-        assert_matmul_close(y, wf, x)
+        assert_matmul_close(y, wf, x, qtype)
 
 
-def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray) -> None:
-    ref = x.astype(np.float64) @ wf.astype(np.float64).T
-    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(wf).astype(np.float64).T) + 1e-30
+def bf16(a) -> np.ndarray:
+    """f32 values rounded to the nearest bfloat16 (ties to even), back in f32."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+
+
+def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G = G.F32) -> None:
+    """y = x @ wf.T up to f32 summation order; against F16 / BF16 weights the
+    activations are rounded to the weight's type first, as llama.cpp does."""
+    xr = {G.F16: f16, G.BF16: bf16}.get(qtype, np.asarray)(x)
+    ref = xr.astype(np.float64) @ wf.astype(np.float64).T
+    bound = 1e-5 * (np.abs(xr).astype(np.float64) @ np.abs(wf).astype(np.float64).T) + 1e-30
     err = np.abs(y.astype(np.float64) - ref)
     assert y.shape == ref.shape
     assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
+    if qtype in (G.F16, G.BF16):  # the rounding ran: the result follows round(x), not x
+        exact = np.abs(y.astype(np.float64) - x.astype(np.float64) @ wf.astype(np.float64).T)
+        assert np.max(err) < 0.1 * np.max(exact)
 
 
 # (the novnni variant differs only in its int8 kernels, so it has no f32 run)
@@ -247,7 +259,7 @@ def test_isa_path_matches_numpy(isa, act, cases, tmp_path):
         for T in T_VALUES:
             assert_result(res[f"mm_{name}_{T}"], w, arrays[f"x_{name}_{T}"], qtype, int8)
         if "w16_" + name in arrays:
-            assert_matmul_close(res["mm16_" + name], oracle(arrays["w16_" + name], qtype), arrays["x16_" + name])
+            assert_matmul_close(res["mm16_" + name], oracle(arrays["w16_" + name], qtype), arrays["x16_" + name], qtype)
         if qtype in EXPERT_TYPES:
             we, xe, ids = arrays["we_" + name], arrays["xe_" + name], arrays["ids"]
             y = res["ex_" + name]
@@ -433,7 +445,7 @@ def test_memmap_weights_and_vector_input(tmp_path):
     x = rng.standard_normal(64).astype(np.float32)
     y = kernels.ggml_matmul(mm, G.F16, x)
     assert y.shape == (33,)
-    assert_matmul_close(y[None], wf.astype(np.float32), x[None])
+    assert_matmul_close(y[None], wf.astype(np.float32), x[None], G.F16)
 
 
 def test_bad_inputs_raise():

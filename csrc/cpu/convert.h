@@ -1,5 +1,6 @@
 // Scalar element conversions shared by the CPU kernels.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstddef>
@@ -38,6 +39,34 @@ static inline float bf16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// float32 -> float16 bits, round-half-even (as numpy's astype(float16) and F16C).
+static inline uint16_t f32_to_f16_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00 : 0x7c00);
+  if (ax >= 0x477ff000u) return sign | 0x7c00;  // rounds past 65504
+  if (ax < 0x38800000u) {                       // below 2^-14: subnormal (exact scaling)
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return sign | (uint16_t)std::nearbyint(a * 16777216.0f);
+  }
+  uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffffu) >> 13);
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | (uint16_t)h;
+}
+
+// float32 -> bfloat16 bits, round-half-even; NaN stays a (quiet) NaN (as ggml's
+// GGML_FP32_TO_BF16).
+static inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 64);
+  return (uint16_t)((x + (0x7fffu + ((x >> 16) & 1u))) >> 16);
 }
 
 // Row conversions with ISA dispatch (convert.cpp).

@@ -13,8 +13,10 @@
 // * larger T (prefill): each row block is dequantized KC columns at a time
 //   into a small f32 buffer (L1/L2 resident) and reused by every activation
 //   row, so each weight is dequantized once, not T times.
-// On the f32 paths activations stay f32 and weights dequantize exactly:
-// results match dequantize(W) @ x up to f32 summation order. Every path
+// On the f32 paths weights dequantize exactly and activations stay f32, except
+// against F16 and BF16 weights: there they are first rounded to the weight's type,
+// as llama.cpp does (its vec_dot_type), so results match dequantize(W) @ round(x)
+// up to f32 summation order. Every path
 // computes each output row on its own, so the thread count never changes a
 // result. This file is the only one that calls parallel_for, so the ISA files
 // stay free of library templates (see ggml_blocks.h on linkage).
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "convert.h"
 #include "ggml_blocks.h"
 #include "ggml_kernels.h"
 #include "ggml_q8.h"
@@ -118,6 +121,17 @@ const uint8_t* quantize_rows(const Q8Path& p, const float* x, size_t k, size_t T
   return buf.data();
 }
 
+// x [n], or its values rounded to F16 / BF16 in buf when W is of that type.
+const float* acts_for(int type, const float* x, size_t n, std::vector<float>& buf) {
+  if (type != F16 && type != BF16) return x;
+  buf.resize(n);
+  if (type == F16)
+    for (size_t i = 0; i < n; ++i) buf[i] = f16_to_f32(f32_to_f16_bits(x[i]));
+  else
+    for (size_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(f32_to_bf16_bits(x[i]));
+  return buf.data();
+}
+
 // Row blocks per thread chunk so that a chunk is worth waking a thread for
 // (~2^18 multiply-adds, tens of microseconds).
 size_t min_blocks(size_t k, size_t T) { return std::max<size_t>(1, ((size_t)1 << 18) / (RB * k * std::max<size_t>(1, T) + 1)); }
@@ -179,6 +193,8 @@ void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const 
         min_blocks(k, T));
     return;
   }
+  std::vector<float> xr;
+  x = acts_for(type, x, T * k, xr);
   const TileFn tile = tile_fn();
   const FusedFn fused = fused_fn();
   const size_t nblocks = (rows + RB - 1) / RB;
@@ -235,6 +251,8 @@ void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb,
   std::vector<size_t> fill(count.begin(), count.end() - 1);
   for (size_t j = 0; j < n; ++j) order[fill[(size_t)ids[j]]++] = j;
   std::vector<float> xg(n * k), yg(n * rows, 0.0f);
+  std::vector<float> xr;
+  x = acts_for(type, x, n * k, xr);
   for (size_t i = 0; i < n; ++i) std::memcpy(xg.data() + i * k, x + order[i] * k, k * sizeof(float));
 
   // Work items: (expert, row block) over the experts in use.

@@ -233,8 +233,5 @@ void row_dot_d4_avxvnni(const uint8_t* row, size_t nb, const float* xp, size_t x
 // Shared constants (must equal the oracle's float32 values).
 extern const float kWrTable[16];  // 2^(-k/4)
 
-// float32 -> float16 bits, round-half-even (as numpy's astype(float16)).
-uint16_t f32_to_f16_bits(float f);
-
 }  // namespace resplit
 }  // namespace rmoe

@@ -296,24 +296,6 @@ void quantize_wq_wr_row(const float* w, size_t n, uint8_t* wq, uint8_t* wr, std:
 
 }  // namespace
 
-uint16_t f32_to_f16_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00 : 0x7c00);
-  if (ax >= 0x477ff000u) return sign | 0x7c00;  // rounds past 65504
-  if (ax < 0x38800000u) {                       // below 2^-14: subnormal (exact scaling)
-    float a;
-    std::memcpy(&a, &ax, 4);
-    return sign | (uint16_t)std::nearbyint(a * 16777216.0f);
-  }
-  uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffffu) >> 13);
-  const uint32_t rem = ax & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return sign | (uint16_t)h;
-}
-
 size_t row_bytes(Fmt fmt, size_t n) {
   switch (fmt) {
     case Fmt::WQ: return (n + 31) / 32 * 8;
