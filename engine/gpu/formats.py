@@ -6,7 +6,7 @@
     attn_kv_b (legacy MLA, split on the host)     f32
     a matrix, or MLA's per-head stack, of a type  its own bytes (Q8_0/Q4_K/Q5_K/Q6_K)
       the GGUF GEMV reads
-    any other matrix                              bf16: 2 bytes per value
+    any other matrix                              f16 (F16) or bf16: 2 bytes per value
 """
 from __future__ import annotations
 

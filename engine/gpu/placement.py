@@ -1,7 +1,8 @@
 """Non-expert weights on the GPU in their source GGUF types (attention, MLA's
 per-head stacks, shared experts, dense FFNs, output head): Q8_0/Q4_K/Q5_K/Q6_K
 stay quantized and run through the dequantize-GEMV kernels (decode) or a
-dequantize-to-bf16 + tensor-core GEMM (prefill); other types go to bf16, F32 stays f32.
+dequantize-to-bf16 + tensor-core GEMM (prefill); F16 stays f16, other types go to bf16,
+F32 stays f32.
 DeepSeek-V3's ~17 B non-expert parameters: ~34 GB in bf16, ~9.5 GB at ~4.5 bpw."""
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 import torch
 
 from . import kernels as gk
+
+F16 = 1  # GGML type
 
 DECODE_MAX_TOKENS = 8  # up to this many rows of x the GEMV kernel wins (weights read once)
 
@@ -68,7 +71,8 @@ def place(weight, device="cuda", float_dtype=torch.bfloat16):
         return GpuQWeight(weight.raw, weight.qtype, weight.shape, device)
     n = int(np.prod(weight.shape))
     w = cpu_kernels.ggml_dequantize(weight.raw, weight.qtype, n).reshape(weight.shape)
-    return torch.from_numpy(w).to(device, float_dtype)
+    # F16 stays f16 (exact; the product then rounds activations to f16, as llama.cpp and the CPU do)
+    return torch.from_numpy(w).to(device, torch.float16 if weight.qtype == F16 else float_dtype)
 
 
 def gpu_linear(x: torch.Tensor, w) -> torch.Tensor:
