@@ -297,6 +297,24 @@ rmoe::GgmlMat ggml_mat(const py::tuple& t, size_t k, const char* what) {
   return {type, w.data(), (size_t)w.shape(0), (size_t)w.shape(1), k};
 }
 
+// The attention half's projections and optional biases, checked against the heads and H.
+struct AttnProj {
+  rmoe::GgmlMat q, k, v, o;
+  F32Array qb, kb, vb;  // keep the biases alive
+  const float *bq, *bk, *bv;
+  AttnProj(const rmoe::AttnDecode& a, size_t H, const py::tuple& wq, const py::tuple& wk, const py::tuple& wv,
+           const py::tuple& wo, const py::object& bq_, const py::object& bk_, const py::object& bv_, const char* fn)
+      : q(ggml_mat(wq, H, "wq")), k(ggml_mat(wk, H, "wk")), v(ggml_mat(wv, H, "wv")),
+        o(ggml_mat(wo, a.n_head * a.head_dim_v, "wo")) {
+    if (q.rows != a.n_head * a.head_dim || k.rows != a.n_head_kv * a.head_dim ||
+        v.rows != a.n_head_kv * a.head_dim_v || o.rows != H)
+      throw py::value_error(std::string(fn) + ": projection shapes do not agree with the heads");
+    bq = opt_f32(bq_, q.rows, "q bias", qb);
+    bk = opt_f32(bk_, k.rows, "k bias", kb);
+    bv = opt_f32(bv_, v.rows, "v bias", vb);
+  }
+};
+
 void def_attn(py::module_& m) {
 #define RMOE_ATTN_ARGS                                                                                             \
   py::arg("kc"), py::arg("vc"), py::arg("pos"), py::arg("n_head"), py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), \
@@ -361,23 +379,16 @@ void def_attn(py::module_& m) {
                                 size_t pos, size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim,
                                 bool neox, const py::object& q_norm, const py::object& k_norm, float eps, float scale) {
     const AttnArgs A(kc, vc, pos, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, eps, scale);
-    const size_t H = (size_t)x.size(), hd = A.a.head_dim, hdv = A.a.head_dim_v, nkv = A.a.n_head_kv;
+    const size_t H = (size_t)x.size();
     if ((size_t)norm_w.size() != H) throw py::value_error("decode_attn_block: norm weight size");
-    const auto Q = ggml_mat(wq, H, "wq"), K = ggml_mat(wk, H, "wk"), V = ggml_mat(wv, H, "wv");
-    const auto O = ggml_mat(wo, n_head * hdv, "wo");
-    if (Q.rows != n_head * hd || K.rows != nkv * hd || V.rows != nkv * hdv || O.rows != H)
-      throw py::value_error("decode_attn_block: projection shapes do not agree with the heads");
-    F32Array kb, qb, vb;
-    const float* bqp = opt_f32(bq, Q.rows, "q bias", qb);
-    const float* bkp = opt_f32(bk, K.rows, "k bias", kb);
-    const float* bvp = opt_f32(bv, V.rows, "v bias", vb);
+    const AttnProj P(A.a, H, wq, wk, wv, wo, bq, bk, bv, "decode_attn_block");
     F32Array out((py::ssize_t)H);
     const float* xp = x.data();
     const float* nw = norm_w.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release nogil;
-      rmoe::decode_attn_block(xp, H, nw, norm_eps, Q, K, V, O, bqp, bkp, bvp, A.a, A.kc, A.vc, A.pos, op);
+      rmoe::decode_attn_block(xp, H, nw, norm_eps, P.q, P.k, P.v, P.o, P.bq, P.bk, P.bv, A.a, A.kc, A.vc, A.pos, op);
     }
     return out;
   }, py::arg("x"), py::arg("norm_w"), py::arg("norm_eps"), py::arg("wq"), py::arg("wk"), py::arg("wv"), py::arg("wo"),
@@ -461,27 +472,19 @@ class DecodeChain {
         sin.shape(0) != cos.shape(0) || sin.shape(1) != cos.shape(1))
       throw py::value_error("decode chain: RoPE tables must be [positions, rope_dim / 2]");
     const AttnArgs A(kc, vc, 0, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, qk_eps, scale);
-    const size_t hd = A.a.head_dim, hdv = A.a.head_dim_v, nkv = A.a.n_head_kv;
-    const auto Q = ggml_mat(wq, H, "wq"), K = ggml_mat(wk, H, "wk"), V = ggml_mat(wv, H, "wv");
-    const auto O = ggml_mat(wo, n_head * hdv, "wo");
-    if (Q.rows != n_head * hd || K.rows != nkv * hd || V.rows != nkv * hdv || O.rows != H)
-      throw py::value_error("decode chain: projection shapes do not agree with the heads");
-    F32Array qb, kb, vb;
-    const float* bqp = opt_f32(bq, Q.rows, "q bias", qb);
-    const float* bkp = opt_f32(bk, K.rows, "k bias", kb);
-    const float* bvp = opt_f32(bv, V.rows, "v bias", vb);
+    const AttnProj P(A.a, H, wq, wk, wv, wo, bq, bk, bv, "decode chain");
     const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, !gate_r.is_none(), "decode chain");
     const auto R = ggml_mat(router, H, "router");
     if (R.rows != M.mw.E || k == 0 || k > M.mw.E)
       throw py::value_error("decode chain: router rows must be the experts, 0 < k <= E");
     for (const py::object& o : {py::object(attn_norm), py::object(ffn_norm), py::object(wq), py::object(wk),
-                                py::object(wv), py::object(wo), py::object(qb), py::object(kb), py::object(vb),
+                                py::object(wv), py::object(wo), py::object(P.qb), py::object(P.kb), py::object(P.vb),
                                 py::object(kc), py::object(vc), py::object(A.cos), py::object(A.sin),
                                 py::object(A.qn), py::object(A.kn), py::object(router), py::object(gate_q),
                                 py::object(up_q), py::object(down_q), py::object(M.gr), py::object(M.ur),
                                 py::object(M.d4)})
       keep_.push_back(o);
-    layers_.push_back({eps, attn_norm.data(), Q, K, V, O, bqp, bkp, bvp, A.a, A.cos.data(), A.sin.data(),
+    layers_.push_back({eps, attn_norm.data(), P.q, P.k, P.v, P.o, P.bq, P.bk, P.bv, A.a, A.cos.data(), A.sin.data(),
                        (size_t)cos.shape(0), A.kc, A.vc, A.n_ctx, ffn_norm.data(), R,
                        rmoe::RouteSpec{M.mw.E, k, sigmoid, norm_topk, rscale}, M.mw});
     has_residual_.push_back(M.mw.gate_r != nullptr);
