@@ -154,7 +154,8 @@ def f16(a) -> np.ndarray:
 def q8_parts(x: np.ndarray, group: int):
     """The kernels' activation quantizer (llama.cpp's q8_0 / q8_1 for groups of
     32, q8_K for 256): q = rint(x * (127 / amax)) per group, all in f32, and
-    d = amax / 127, rounded to f16 for groups of 32. Returns q [T, k], d [T, k/group]
+    d = amax / 127, rounded to f16, for groups of 32; d = 1 / (127 / amax) for 256
+    (llama.cpp's q8_K keeps 1/iscale). Returns q [T, k], d [T, k/group]
     and, for groups of 32, s = f16(d * sum q) (unrounded d), the term a weight
     block's min multiplies (None for 256)."""
     x = np.asarray(x, np.float32)
@@ -165,9 +166,10 @@ def q8_parts(x: np.ndarray, group: int):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     q = np.rint(xg * inv[..., None])  # f32 product, ties to even
     assert np.abs(q).max(initial=0) <= 127
-    d = amax / np.float32(127)
     if group != 32:
-        return q.reshape(T, k), d, None
+        with np.errstate(divide="ignore"):
+            return q.reshape(T, k), np.where(inv > 0, np.float32(1) / inv, np.float32(0)).astype(np.float32), None
+    d = amax / np.float32(127)
     s = f16(d * q.sum(-1, dtype=np.float32))  # exact integer sum, one f32 product
     return q.reshape(T, k), f16(d), s
 
@@ -385,6 +387,42 @@ def test_int8_activations_exactly_as_numpy(tmp_path):
             continue
         assert np.array_equal(res["y0"], want), isa  # values: a zero may carry either sign
         assert np.array_equal(res["y1"], s), isa
+
+
+def q6_k_identity(k: int) -> np.ndarray:
+    """Q6_K rows [k, k/256 * 210] with weight 1 at (j, j) and 0 elsewhere (d = 1, scales 1)."""
+    c = np.full((k, k), 32, np.int32)  # codes are w + 32
+    c[np.arange(k), np.arange(k)] = 33
+    blocks = np.zeros((k, k // 256, 210), np.uint8)
+    for b in range(k // 256):
+        cb = c[:, 256 * b:256 * (b + 1)]
+        for h in range(2):
+            for s in range(4):
+                part = cb[:, 128 * h + 32 * s:128 * h + 32 * s + 32]
+                lo = slice(64 * h + 32 * (s & 1), 64 * h + 32 * (s & 1) + 32)
+                blocks[:, b, lo] |= ((part & 15) << (4 * (s >> 1))).astype(np.uint8)
+                blocks[:, b, 128 + 32 * h:160 + 32 * h] |= ((part >> 4) << (2 * s)).astype(np.uint8)
+        blocks[:, b, 192:208] = 1
+        blocks[:, b, 208:210] = np.array([1], np.float16).view(np.uint8)
+    return blocks.reshape(k, -1)
+
+
+def test_q8_k_activation_scale_is_llama_cpps(tmp_path):
+    # Q6_K identity weights: y[t, j] = f32(d_x * q_x[j]), the q8_K activations themselves.
+    # llama.cpp's q8_K scale is 1 / (127 / amax) (its 1/iscale), an ulp off amax / 127 for
+    # some of these groups; its decode products (vec_dot) carry that d. The scales are set
+    # by code every path shares (ggml_q8.h); the scalar path's integer sums are exact here,
+    # while the SIMD lanes, as ggml's, round large partial sums that cancel (about 0.005 d).
+    rng = np.random.default_rng(17)
+    k = 512
+    x = (rng.standard_normal((8, k)) * np.exp2(rng.integers(-20, 20, (8, 1)))).astype(np.float32)
+    q, d, _ = q8_parts(x, 256)
+    amax = np.abs(x.reshape(8, -1, 256)).max(-1)
+    assert np.any(d != amax / np.float32(127))  # the case tells the two apart
+    want = (np.repeat(d, 256, axis=1) * q).astype(np.float32)
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, meta=np.array(json.dumps([(int(G.Q6_K), 8)])), w0=q6_k_identity(k), x0=x)
+    assert np.array_equal(run_isa("scalar", inputs, tmp_path, worker=SHAPES_WORKER)["y0"], want)
 
 
 def test_int8_token_results_do_not_depend_on_the_batch():

@@ -14,23 +14,25 @@ REFS = Path(__file__).parent / "refs"
 # Bounds on max |Δ log-softmax| over the compared positions' top-20, each about
 # 3x the worst figure measured on the scalar, avx2 and avx512 kernel paths
 # (RAPIDMOE_ISA; llama-cpp-python 0.3.36, f32 KV cache).
-# f32 weights: worst 4.21e-6 (ds2_v3_legacy), the same on every path.
-F32_TOL = 1.2e-5
+# f32 weights: worst 6.24e-6 (ds2_v3_legacy, scalar; 4.55e-6 avx512).
+F32_TOL = 2e-5
 TOL = {
     # f16 file: activations are rounded to f16 against F16 weights, as llama.cpp
     # does (2.31e-3 before we did); measured 5.86e-4 / 1.21e-3 / 9.46e-4
     "qwen3moe_f16": 3.6e-3,
-    # the demo (a real model's quantized file): measured 2.10e-1 on avx512; left
-    # loose, not measured here on the scalar path
+    # the demo (a real model's quantized file): measured 3.14e-1 on avx512, 3.49e-1
+    # on avx2; left loose (on the scalar path one top token differs)
     "demo": 1.5,
     # llama.cpp's own Q8_0 / Q4_K_M / Q6_K files (parity_cases.QUANT_CASES): the
-    # int8-activation path reproduces llama.cpp's block-quantized activations.
-    # qwen3moe: measured 3.71e-6 / 2.92e-6 / 2.91e-6 (worst over the paths)
+    # int8-activation path reproduces llama.cpp's block-quantized activations, and its
+    # K-quant dot products (vec_dot, what it decodes with) bit for bit; its prefill of
+    # 8 tokens or more takes a tiled K-quant matmul that orders the sums otherwise.
+    # qwen3moe: measured 6.40e-6 / 6.59e-6 / 5.73e-6 (worst over the paths)
     "qwen3moe_q8_0": F32_TOL, "qwen3moe_q4_k_m": F32_TOL, "qwen3moe_q6_k": F32_TOL,
     # one block each (parity_cases.QUANT_SHAPE), Q8_0 / Q4_K_M / Q6_K, worst over
     # the scalar, avx2(-novnni) and avx512(-novnni, -novbmi) paths (the SIMD ones
-    # agree to the bit): qwen2moe 2.85e-6 / 3.36e-6 / 3.75e-6, llama_moe (Mixtral
-    # layout) 3.28e-6 / 2.92e-6 / 2.83e-6, olmoe - / 3.25e-6 / 3.35e-6
+    # agree to the bit): qwen2moe 3.85e-6 / 4.34e-6 / 5.28e-6, llama_moe (Mixtral
+    # layout) 4.32e-6 / 5.03e-6 / 4.74e-6, olmoe - / 4.84e-6 / 6.01e-6
     "qwen2moe_q8_0": F32_TOL, "qwen2moe_q4_k_m": F32_TOL, "qwen2moe_q6_k": F32_TOL,
     "llama_moe_q8_0": F32_TOL, "llama_moe_q4_k_m": F32_TOL, "llama_moe_q6_k": F32_TOL,
     "olmoe_q4_k_m": F32_TOL, "olmoe_q6_k": F32_TOL,

@@ -17,8 +17,9 @@
 //   (f32 product, then rounded), the term the weight's min m multiplies
 //   (Q4_1 / Q5_1: sum w*x = d_w*d * sum c*q + m*s). Both are stored as the f32
 //   values of those halves.
-//   G = 256 (q8_K) for the K-quants: d = amax / 127 in f32, not rounded. One
-//   scale per super-block lets the sub-block sums stay integer across it.
+//   G = 256 (q8_K) for the K-quants: d = 1 / (127 / amax) in f32, not rounded: llama.cpp's
+//   quantize_row_q8_K keeps 1/iscale, which can be an ulp off amax / 127. One scale per
+//   super-block lets the sub-block sums stay integer across it.
 // |q| <= 127 (never -128) so that sign tricks and maddubs cannot overflow.
 // A group holding inf or NaN gets q = 0, d = s = NaN: its dot products are NaN.
 //
@@ -108,13 +109,15 @@ inline size_t q8_swap_pos(size_t e) {
   return (e & ~(size_t)127) | ((g == 1 ? 2 : g == 2 ? 1 : g) << 5) | (e & 31);
 }
 
-// Stores group g's scale(s) once its q and bsum are written; d = amax / 127 (f32).
-inline void q8_set_scales(int layout, const Q8Row& row, size_t g, float d) {
+// Stores group g's scale(s) once its q and bsum are written (amax NaN for a bad group,
+// id = 127 / amax or 0).
+inline void q8_set_scales(int layout, const Q8Row& row, size_t g, float amax, float id) {
   if (layout == Q8_32) {
+    const float d = amax / 127.0f;
     row.d[g] = f16_round(d);
     row.s[g] = f16_round(d * (float)(row.bsum[2 * g] + row.bsum[2 * g + 1]));
   } else {
-    row.d[g] = d;
+    row.d[g] = id > 0.0f ? 1.0f / id : amax / 127.0f;  // id 0: d is 0 (or NaN for a bad group)
   }
 }
 
@@ -136,7 +139,7 @@ void q8_quantize_rows(int layout, const float* x, size_t k, size_t T, uint8_t* d
       probe(xg, &amax, &bad);
       const float id = amax > 0.0f && !bad ? 127.0f / amax : 0.0f;
       store(xg, g * G, id, bad, row);
-      q8_set_scales(layout, row, g, bad ? NAN : amax / 127.0f);
+      q8_set_scales(layout, row, g, bad ? NAN : amax, id);
     }
   }
 }
