@@ -98,7 +98,11 @@ def check_all(seed=0):
             q = kernels.resplit_quantize_wq_wr(w)[1]
         else:
             q = kernels.resplit_quantize(fmt, w)
-        dense = o.dequantize(fmt, q, in_dim).astype(np.float64)
+        deq = o.dequantize(fmt, q, in_dim)
+        # this path's row decoder (the prefill GEMM's repack) gives the oracle's floats exactly
+        assert np.array_equal(kernels.resplit_dequantize(fmt, q.reshape(-1, q.shape[-1]), in_dim),
+                              deq.reshape(-1, in_dim)), fmt
+        dense = deq.astype(np.float64)
         ax = wq_x if fmt in ("wq", "d4") else wr_x
         # decode: one activation row per slot, repeated experts allowed
         ids = np.array([3, 0, 3, 4], np.int32)

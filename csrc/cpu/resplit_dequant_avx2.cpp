@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "convert.h"
+#include "resplit_tiles_avx2.h"
 
 namespace rmoe {
 namespace resplit {
@@ -35,7 +36,37 @@ void dequant_row_wq_avx2(const uint8_t* q, size_t nb, float* out) {
   }
 }
 
-void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) { dequant_row_wr_scalar(q, nb, out); }  // table decode
+namespace {
+// One WR group of M blocks: the levels 4L+9 as the GEMV tiles decode them (wr_levels),
+// then w = (D * 2^(-k_s/4)) * L, the scalar decoder's two products (the same floats).
+template <int M>
+void wr_group_floats(const uint8_t* q, float D, float* out) {
+  constexpr int W = 2 * M + 1;
+  __m256i lv[2][3];
+  wr_levels<M, false>(q, lv);
+  const __m256 nine = _mm256_set1_ps(9.f), quarter = _mm256_set1_ps(0.25f);
+  for (int p = 0; p < M; ++p) {
+    const uint32_t word = q[8 * W + 2 * p] | ((uint32_t)q[8 * W + 2 * p + 1] << 8);
+    for (int s = 0; s < 4; ++s) {  // sub-block s: codes 16s..16s+15, bytes 16(s % 2).. of half s / 2
+      const __m256 dr = _mm256_set1_ps(D * kWrTable[(word >> (4 * s)) & 0xF]);
+      const __m128i b = s % 2 ? _mm256_extracti128_si256(lv[s / 2][p], 1) : _mm256_castsi256_si128(lv[s / 2][p]);
+      for (int e = 0; e < 2; ++e) {
+        const __m256 l = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e ? _mm_srli_si128(b, 8) : b));
+        _mm256_storeu_ps(out + 64 * p + 16 * s + 8 * e, _mm256_mul_ps(dr, _mm256_mul_ps(_mm256_sub_ps(l, nine), quarter)));
+      }
+    }
+  }
+}
+}  // namespace
+
+void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) {
+  const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
+  q += 2;
+  size_t b0 = 0;
+  for (; b0 + 3 <= nb; b0 += 3, q += wr_group_bytes(3)) wr_group_floats<3>(q, D, out + 64 * b0);
+  if (nb - b0 == 2) wr_group_floats<2>(q, D, out + 64 * b0);
+  if (nb - b0 == 1) wr_group_floats<1>(q, D, out + 64 * b0);
+}
 
 void dequant_row_d4_avx2(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));

@@ -41,7 +41,7 @@ void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* out) {
 }
 
 void dequant_row_wr_avx512(const uint8_t* q, size_t nb, float* out) {
-  (vbmi_kernels() ? dequant_row_wr_vbmi : dequant_row_wr_scalar)(q, nb, out);
+  (vbmi_kernels() ? dequant_row_wr_vbmi : dequant_row_wr_avx2)(q, nb, out);  // AVX2 is there too
 }
 
 void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* out) {

@@ -23,17 +23,34 @@ namespace {
 
 constexpr size_t kRows = 16, kMaxTok = 3;
 
+// One row's 32-weight blocks (f padded to whole blocks) -> int16 at tile row r: the
+// rounding of q8_block_avx2 (s = max|w|/127, q = rint(w/s)), without its copy of the
+// block; each weight pair is one 32-bit store.
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 8, rr = r % 8;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (size_t b = 0; b < nb; ++b, f += 32) {
-    int8_t q[32];
-    q8_block_avx2(f, 32, q, &s[b * kRows + r]);
-    nc[b * kRows + r] = 0;
-    int16_t* wb = reinterpret_cast<int16_t*>(w + (b * 2 + g) * 512) + 2 * rr;
-    for (int j = 0; j < 16; ++j) {
-      wb[16 * j] = q[2 * j];
-      wb[16 * j + 1] = q[2 * j + 1];
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(f + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
     }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    s[b * kRows + r] = amax / 127.f;
+    nc[b * kRows + r] = 0;
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m256i qv[4];
+    for (int i = 0; i < 4; ++i) qv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    // int32 -> int16 pairs; packs interleaves 128-bit lanes: 32-bit pair lanes
+    // [0, 1, 4, 5 | 2, 3, 6, 7] of weights 0-15, then the same of 16-31
+    alignas(32) int32_t pr[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pr), _mm256_packs_epi32(qv[0], qv[1]));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pr + 8), _mm256_packs_epi32(qv[2], qv[3]));
+    static constexpr int kPair[16] = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};  // pair j at pr[kPair[j]]
+    uint8_t* wb = w + (b * 2 + g) * 512 + 4 * rr;
+    for (int j = 0; j < 16; ++j) std::memcpy(wb + 32 * j, &pr[kPair[j]], 4);
   }
 }
 

@@ -1,7 +1,7 @@
 // The AVX2 fused decode x activation tiles of the resplit formats (WQ, D4, WR: up to 4
 // tokens share each decoded register), for AVX2 (VNNI = false: maddubs + madd) and
 // AVX2 + AVX-VNNI (VNNI = true: vpdpbusd, the same exact integer sums). Included only
-// by resplit_gemv_avx2.cpp and resplit_gemv_avxvnni.cpp, whose build flags allow them.
+// by *_avx2.cpp and *_avxvnni.cpp files, whose build flags allow them.
 #pragma once
 #include <immintrin.h>
 
