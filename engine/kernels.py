@@ -137,12 +137,14 @@ def ggml_operand(w) -> tuple[np.ndarray, int]:
 
 def decode_attn_block(x: np.ndarray, norm_w: np.ndarray, norm_eps: float, wq, wk, wv, wo, bq, bk, bv,
                       kc: np.ndarray, vc: np.ndarray, pos: int, n_head: int, cos: np.ndarray, sin: np.ndarray,
-                      rope_dim: int, neox: bool, q_norm, k_norm, eps: float, scale: float) -> np.ndarray:
+                      rope_dim: int, neox: bool, q_norm, k_norm, eps: float, scale: float,
+                      qk_full: bool = False) -> np.ndarray:
     """x [H] + Wo . attention(rms_norm(x)) for one decode token (attn_decode's steps after
-    the q/k/v projections, biases optional); w*: ggml_operand pairs -> [H]."""
+    the q/k/v projections, biases optional); w*: ggml_operand pairs -> [H]. q_norm/k_norm:
+    per head [head_dim], or over the whole q / k with qk_full (olmoe)."""
     return _cpu.decode_attn_block(_f32(x), _f32(norm_w), float(norm_eps), wq, wk, wv, wo, _f32(bq), _f32(bk),
                                   _f32(bv), kc, vc, int(pos), int(n_head), _f32(cos), _f32(sin), int(rope_dim),
-                                  bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale))
+                                  bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale), bool(qk_full))
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -151,23 +153,32 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return _cpu.rms_norm(_f32(x), _f32(w), float(eps))
 
 
-def route(logits: np.ndarray, k: int, sigmoid: bool, norm_topk: bool, scale: float) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: np.ndarray, k: int, sigmoid: bool, norm_topk: bool, scale: float, bias=None, n_groups: int = 0,
+          n_group_used: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [T, E] -> (ids int32, weights f32) [T, k]: softmax (or sigmoid)
-    probabilities, the k largest by probability descending (ties: lower id first),
-    optionally renormalised over the k and scaled."""
-    return _cpu.route(_f32(logits), int(k), bool(sigmoid), bool(norm_topk), float(scale))
+    probabilities; the k of the largest selection score (probability + bias [E]; with
+    n_groups > 1 only within the n_group_used groups whose top-2 scores sum highest), in
+    that order (ties: lower id first); weights the unbiased probabilities, optionally
+    renormalised over the k and scaled."""
+    return _cpu.route(_f32(logits), int(k), bool(sigmoid), bool(norm_topk), float(scale),
+                      None if bias is None else _f32(bias), int(n_groups), int(n_group_used))
 
 
 def decode_moe_block(h: np.ndarray, norm_w: np.ndarray, eps: float, router, k: int, sigmoid: bool,
                      norm_topk: bool, scale: float, fixed: int, ab: float, theta: float, r_min: int, r_max: int,
-                     gate_q, up_q, down_q, gate_r=None, up_r=None, down4=None):
-    """h [H] + the routed residual-split experts of rms_norm(h) for one decode token.
-    fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(leading run of ab * w_j >
+                     gate_q, up_q, down_q, gate_r=None, up_r=None, down4=None, shared_gate=None, shared_up=None,
+                     shared_down=None, shared_gate_inp=None, bias=None, n_groups: int = 0, n_group_used: int = 0):
+    """h [H] + the routed residual-split experts of rms_norm(h) for one decode token,
+    plus a shared expert where shared_gate/up/down (ggml_operand pairs [F, H], [F, H],
+    [H, F]) are given, weighted by sigmoid(shared_gate_inp [H] . x) where that is. The
+    router selects as route (bias, n_groups, n_group_used). fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(leading run of ab * w_j >
     theta, r_min, min(r_max, k)). router: a ggml_operand pair [E, H].
     -> (out [H], ids [k] int32, weights [k], r)."""
     return _cpu.decode_moe_block(_f32(h), _f32(norm_w), float(eps), router, int(k), bool(sigmoid), bool(norm_topk),
                                  float(scale), int(fixed), float(ab), float(theta), int(r_min), int(r_max),
-                                 gate_q, up_q, down_q, gate_r, up_r, down4)
+                                 gate_q, up_q, down_q, gate_r, up_r, down4, shared_gate, shared_up, shared_down,
+                                 None if shared_gate_inp is None else _f32(shared_gate_inp),
+                                 None if bias is None else _f32(bias), int(n_groups), int(n_group_used))
 
 
 def decode_chain():

@@ -73,6 +73,98 @@ def test_decode_moe_block_matches_steps(policy):
         assert len(rs) > 1  # the inputs reach more than one critical-set size
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_decode_moe_block_with_a_shared_expert_matches_steps(gated):
+    # qwen2moe gates its shared expert by sigmoid(gate_inp . x); deepseek2 adds it as it is
+    from rapidmoe.engine.moe.block import SharedExpert
+
+    rng = np.random.default_rng(4)
+    E, H, F, Fs, k = 6, 96, 40, 72, 3
+    L = make_layer(rng, E, H, F)
+    router = (rng.standard_normal((E, H)) * 0.3).astype(np.float32)
+    norm_w = (rng.random(H) + 0.5).astype(np.float32)
+    t = lambda *shape: torch.from_numpy((rng.standard_normal(shape) * 0.1).astype(np.float32))  # noqa: E731
+    sh = SharedExpert(t(Fs, H), t(Fs, H), t(H, Fs), t(H) if gated else None)
+    for i in range(4):
+        h = (rng.standard_normal(H) * (0.5 + i)).astype(np.float32)
+        out, ids, w, r = kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k,
+                                                   False, True, 1.0, 2, 0.0, 0.0, 0, 0, **L, **sh.chain_args())
+        xn = kernels.rms_norm(h[None], norm_w, 1e-6)
+        moe = kernels.resplit_moe_forward(xn, ids[None], w[None], np.array([r], np.int32), **L)[0]
+        ref = h + (moe + sh(torch.from_numpy(xn))[0].numpy())
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        without = kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k,
+                                           False, True, 1.0, 2, 0.0, 0.0, 0, 0, **L)[0]
+        assert np.abs(out - without).max() > 1e-3 * np.abs(ref).max()  # the shared expert is really added
+    bad = {**sh.chain_args(), "shared_down": kernels.ggml_operand(t(H, Fs + 1))}
+    with pytest.raises(ValueError, match="shared down"):
+        kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k, False, True,
+                                 1.0, 2, 0.0, 0.0, 0, 0, **L, **bad)
+    with pytest.raises(ValueError, match="needs gate, up and down"):
+        kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k, False, True,
+                                 1.0, 2, 0.0, 0.0, 0, 0, **L, **{**sh.chain_args(), "shared_up": None})
+
+
+def torch_route_grouped(logits, k, norm_topk, scale, bias, n_groups, n_group_used):
+    # DeepSeek-V3's selection as the torch steps of llama.cpp's graph: sigmoid scores plus the
+    # bias select within the groups whose top-2 scores sum highest; weights unbiased
+    p = torch.sigmoid(logits)
+    sel = (p + bias).view(p.shape[0], n_groups, -1)
+    keep = sel.topk(2, dim=-1).values.sum(-1).topk(n_group_used, dim=-1).indices
+    mask = torch.ones(p.shape[0], n_groups, dtype=torch.bool).scatter_(1, keep, False)
+    ids = sel.masked_fill(mask[:, :, None], float("-inf")).view(p.shape[0], -1).topk(k, dim=-1).indices
+    w = p.gather(1, ids)
+    if norm_topk:
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    return ids, w * scale
+
+
+@pytest.mark.parametrize("n_groups,n_group_used", [(0, 0), (4, 2), (8, 3)])
+def test_route_with_bias_and_groups_matches_torch(n_groups, n_group_used):
+    rng = np.random.default_rng(6)
+    T, E, k = 40, 32, 6
+    logits = rng.standard_normal((T, E)).astype(np.float32)
+    bias = (rng.standard_normal(E) * 0.3).astype(np.float32)
+    ids, w = kernels.route(logits, k, True, True, 2.5, bias, n_groups, n_group_used)
+    tids, tw = torch_route_grouped(torch.from_numpy(logits), k, True, 2.5, torch.from_numpy(bias),
+                                   max(n_groups, 1), max(n_group_used, 1))
+    np.testing.assert_array_equal(ids, tids.numpy())
+    np.testing.assert_allclose(w, tw.numpy(), rtol=1e-6, atol=1e-7)
+    if n_groups > 1:  # every token's experts lie in n_group_used groups
+        assert max(len(set((ids // (E // n_groups))[t].tolist())) for t in range(T)) == n_group_used
+    plain = kernels.route(logits, k, True, True, 2.5)[0]
+    assert (plain != ids).any()  # the bias (and the groups) change the selection
+    with pytest.raises(ValueError, match="groups"):
+        kernels.route(logits, k, True, True, 2.5, bias, 5, 2)  # 32 experts do not split in 5
+    with pytest.raises(ValueError, match="bias must have E"):
+        kernels.route(logits, k, True, True, 2.5, bias[:-1])
+
+
+def test_decode_moe_block_with_a_selection_bias_makes_the_largest_weights_critical():
+    # DeepSeek-V3: the bias orders the selection, but the critical experts are those of the
+    # largest (unbiased) weights, as ResplitExperts chooses them
+    rng = np.random.default_rng(7)
+    E, H, F, k = 8, 64, 32, 3
+    L = make_layer(rng, E, H, F)
+    router = (rng.standard_normal((E, H)) * 0.5).astype(np.float32)
+    norm_w = np.ones(H, np.float32)
+    bias = (rng.standard_normal(E) * 0.3).astype(np.float32)
+    reordered = 0
+    for i in range(24):
+        h = rng.standard_normal(H).astype(np.float32)
+        out, ids, w, r = kernels.decode_moe_block(h, norm_w, 1e-6, kernels.ggml_operand(torch.from_numpy(router)), k,
+                                                   True, True, 2.5, 1, 0.0, 0.0, 0, 0, **L, bias=bias, n_groups=4,
+                                                   n_group_used=2)
+        xn = kernels.rms_norm(h[None], norm_w, 1e-6)
+        want_ids, want_w = kernels.route(xn @ router.T, k, True, True, 2.5, bias, 4, 2)
+        np.testing.assert_array_equal(ids, want_ids[0])  # returned in selection order
+        order = np.argsort(-w, kind="stable")
+        reordered += int((order != np.arange(k)).any())
+        ref = h + kernels.resplit_moe_forward(xn, ids[order][None], w[order][None], np.array([r], np.int32), **L)[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    assert reordered > 0  # some tokens' largest weight is not their first selected expert
+
+
 def test_decode_moe_block_rejects_bad_input():
     rng = np.random.default_rng(3)
     L = make_layer(rng, 3, 64, 32)
@@ -91,15 +183,17 @@ class Cfg:
     rope_dim, rope_style, rope_base, rope_freq_scale = 16, "neox", 10000.0, 1.0
 
 
-@pytest.mark.parametrize("bias,norm", [(False, True), (True, False)])
+@pytest.mark.parametrize("bias,norm", [(False, "head"), (True, None), (True, "full")])
 def test_decode_attn_block_matches_steps(bias, norm):
+    # q/k norms per head (qwen3moe), none, or over the whole projections (olmoe)
     rng = np.random.default_rng(4)
     H, nh, nkv, hd, pos = 48, 6, 2, 16, 9
     mats = [torch.from_numpy((rng.standard_normal(s) * 0.2).astype(np.float32))
             for s in ((nh * hd, H), (nkv * hd, H), (nkv * hd, H), (H, nh * hd))]
     bs = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) if bias else None
           for n in (nh * hd, nkv * hd, nkv * hd)]
-    qn, kn = [torch.from_numpy((rng.random(hd) + 0.5).astype(np.float32)) if norm else None for _ in range(2)]
+    qn, kn = [torch.from_numpy((rng.random(n if norm == "full" else hd) + 0.5).astype(np.float32)) if norm else None
+              for n in (nh * hd, nkv * hd)]
     norm_w = torch.from_numpy((rng.random(H) + 0.5).astype(np.float32))
     rope = Rope(Cfg, 32)
     kc = torch.from_numpy(rng.standard_normal((32, nkv, hd)).astype(np.float32))
@@ -109,8 +203,11 @@ def test_decode_attn_block_matches_steps(bias, norm):
     kr, vr = kc.clone(), vc.clone()
     xn = rms_norm(x, norm_w, 1e-5)
     lin = lambda m, b: xn @ m.T + (b if b is not None else 0)  # noqa: E731
-    q, k, v = lin(mats[0], bs[0]).view(1, nh, hd), lin(mats[1], bs[1]).view(1, nkv, hd), lin(mats[2], bs[2])
-    if norm:
+    q, k, v = lin(mats[0], bs[0]), lin(mats[1], bs[1]), lin(mats[2], bs[2])
+    if norm == "full":
+        q, k = rms_norm(q, qn, 1e-6), rms_norm(k, kn, 1e-6)
+    q, k = q.view(1, nh, hd), k.view(1, nkv, hd)
+    if norm == "head":
         q, k = rms_norm(q, qn, 1e-6), rms_norm(k, kn, 1e-6)
     q, k = rope(q, pos), rope(k, pos)
     kr[pos], vr[pos] = k[0], v.view(nkv, hd)
@@ -118,13 +215,19 @@ def test_decode_attn_block_matches_steps(bias, norm):
     ops = [kernels.ggml_operand(m) for m in mats]
     kc, vc = kc.transpose(0, 1).contiguous(), vc.transpose(0, 1).contiguous()  # the kernels' [n_kv, n_ctx, hd]
     got = kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, *ops, *bs, kc.numpy(), vc.numpy(), pos, nh,
-                                    rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn, 1e-6, 0.25)
+                                    rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn, 1e-6, 0.25,
+                                    qk_full=norm == "full")
     np.testing.assert_allclose(got, want.numpy()[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(kc.numpy()[:, pos], kr.numpy()[pos], rtol=1e-5, atol=1e-6)  # written in place
     with pytest.raises(ValueError, match="projection shapes"):
         kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, ops[1], ops[1], ops[2], ops[3], *bs, kc.numpy(),
                                   vc.numpy(), pos, nh, rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn,
-                                  1e-6, 0.25)
+                                  1e-6, 0.25, qk_full=norm == "full")
+    if norm:  # norms of the other kind's size
+        with pytest.raises(ValueError, match="q_norm has the wrong size"):
+            kernels.decode_attn_block(x.numpy()[0], norm_w.numpy(), 1e-5, *ops, *bs, kc.numpy(), vc.numpy(), pos, nh,
+                                      rope.cos[pos].numpy(), rope.sin[pos].numpy(), 16, True, qn, kn, 1e-6, 0.25,
+                                      qk_full=norm != "full")
 
 
 def test_decode_attn_block_quantized_projections():
@@ -190,8 +293,8 @@ def block_by_block(net, tok, pos, cache, policy):
 
 
 # (preset, blocks a decode token runs through chains): qwen3moe has per-head q/k norms,
-# llama_moe none; olmoe's full q/k norm and qwen2moe's shared expert keep the per-block path
-@pytest.mark.parametrize("arch,chained", [("qwen3moe", 3), ("llama_moe", 3), ("olmoe", 0), ("qwen2moe", 0)])
+# llama_moe none, olmoe q/k norms over the whole projections, qwen2moe a gated shared expert
+@pytest.mark.parametrize("arch,chained", [("qwen3moe", 3), ("llama_moe", 3), ("olmoe", 3), ("qwen2moe", 3)])
 @pytest.mark.parametrize("critical,kv_type", [(2, "f16"), ("auto", "f16"), ("k", "q8_0")])
 def test_a_decode_token_through_the_chain_is_the_blocks_one_by_one(synth_models, arch, chained, critical, kv_type):
     m = synth_models(arch, critical, kv_type)

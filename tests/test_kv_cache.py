@@ -172,8 +172,8 @@ def _decode_logits(model, tokens):
     ("ds2_lite", {"kv_lora_rank": 64, "qk_rope": 32}),
 ])
 def test_models_run_each_cache_type_close_to_f32(tmp_path, arch, shape):
-    """Prefill, then decode through the fused CPU blocks (qwen3moe), the torch layer with
-    the kernel's attention (olmoe's full q/k norms) and MLA (deepseek2)."""
+    """Prefill, then decode through the fused CPU blocks (qwen3moe's per-head q/k norms,
+    olmoe's over the whole projections) and MLA (deepseek2)."""
     from rapidmoe.engine.model import load_model
     from rapidmoe.engine.plan import PlanRequest
     from rapidmoe.engine.synth import write_synthetic

@@ -316,15 +316,32 @@ void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, con
     }
 }
 
+// As ggml_rms_norm then ggml_mul: float squares summed in double (in 8 partial sums,
+// which the compiler vectorizes), a float scale.
+void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += (double)(x[i + j] * x[i + j]);
+  double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) ss += (double)(x[i] * x[i]);
+  const float r = 1.0f / std::sqrt((float)(ss / (double)n) + eps);
+  for (i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
 void attn_decode(const AttnDecode& a, float* q, float* k, const float* v, const KvRows& kc, const KvRows& vc,
                  size_t pos, float* out) {
   const size_t hd = a.head_dim, nkv = a.n_head_kv;
+  if (a.qk_full) {  // as the Python step: rms_norm (rms_norm_row) over the whole projection
+    if (a.q_norm) rms_norm_row(q, a.n_head * hd, a.q_norm, a.eps, q);
+    if (a.k_norm) rms_norm_row(k, nkv * hd, a.k_norm, a.eps, k);
+  }
   for (size_t h = 0; h < a.n_head; ++h) {
-    if (a.q_norm) rms_head(q + h * hd, hd, a.q_norm, a.eps);
+    if (a.q_norm && !a.qk_full) rms_head(q + h * hd, hd, a.q_norm, a.eps);
     rope_head(q + h * hd, a);
   }
   for (size_t h = 0; h < nkv; ++h) {
-    if (a.k_norm) rms_head(k + h * hd, hd, a.k_norm, a.eps);
+    if (a.k_norm && !a.qk_full) rms_head(k + h * hd, hd, a.k_norm, a.eps);
     rope_head(k + h * hd, a);
   }
   kv_store(kc, pos, nkv, k);

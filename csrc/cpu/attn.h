@@ -46,10 +46,14 @@ struct AttnDecode {
   bool neox;         // pairs (i, i + d/2); otherwise adjacent pairs (2i, 2i + 1)
   const float* cos;  // [rope_dim / 2] at pos
   const float* sin;
-  const float* q_norm;  // [head_dim] or null
-  const float* k_norm;
+  const float* q_norm;  // [head_dim] or null (qk_full: [n_head * head_dim])
+  const float* k_norm;  // [head_dim] or null (qk_full: [n_head_kv * head_dim])
   float eps, scale;
+  bool qk_full = false;  // the norms span the whole q and k (olmoe), not each head
 };
+
+// out = x * rsqrt(mean(x^2) + eps) * w, as ggml (out may be x)
+void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out);
 
 // q [n_head*hd], k [n_kv*hd], v [n_kv*hdv] (q and k are modified in place); kc, vc: the
 // layer's caches (position pos is written); out [n_head*hdv].

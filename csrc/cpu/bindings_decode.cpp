@@ -61,7 +61,7 @@ struct AttnArgs {
   F32Array cos, sin, qn, kn;
   AttnArgs(const py::array& kca, const py::array& vca, size_t pos_, size_t n_head, const F32Array& cos_,
            const F32Array& sin_, size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm,
-           float eps, float scale)
+           float eps, float scale, bool qk_full = false)
       : pos(pos_), cos(cos_), sin(sin_) {
     const KvArg K = kv_rows(kca, "k cache"), V = kv_rows(vca, "v cache");
     kc = K.rows;
@@ -71,8 +71,9 @@ struct AttnArgs {
     if (n_head == 0 || nkv == 0 || n_head % nkv || V.heads != nkv || pos >= K.n_ctx || pos >= V.n_ctx || rope_dim % 2 || rope_dim > hd || (size_t)cos.size() < rope_dim / 2 ||
         (size_t)sin.size() < rope_dim / 2)
       throw py::value_error("attention: shapes do not agree");
-    a = {n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(), opt_f32(q_norm, hd, "q_norm", qn),
-         opt_f32(k_norm, hd, "k_norm", kn), eps, scale};
+    a = {n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(),
+         opt_f32(q_norm, qk_full ? n_head * hd : hd, "q_norm", qn), opt_f32(k_norm, qk_full ? nkv * hd : hd, "k_norm", kn),
+         eps, scale, qk_full};
   }
 };
 
@@ -103,6 +104,53 @@ struct AttnProj {
     bq = opt_f32(bq_, q.rows, "q bias", qb);
     bk = opt_f32(bk_, k.rows, "k bias", kb);
     bv = opt_f32(bv_, v.rows, "v bias", vb);
+  }
+};
+
+// A router's selection: k of E experts, with the optional selection bias (None or float32
+// [E]) and expert groups (n_groups > 1: E / n_groups experts each, n_group_used of them
+// compete), checked; bias holds what rs.bias points to.
+struct RouteArgs {
+  rmoe::RouteSpec rs;
+  F32Array bias;
+  RouteArgs(size_t E, size_t k, bool sigmoid, bool norm_topk, float scale, const py::object& bias_, size_t n_groups,
+            size_t n_group_used, const char* fn)
+      : rs{E, k, sigmoid, norm_topk, scale} {
+    if (k == 0 || k > E) throw py::value_error(std::string(fn) + ": router rows must be the experts, 0 < k <= E");
+    if (n_groups > 1 && (E % n_groups || n_group_used == 0 || n_group_used > n_groups))
+      throw py::value_error(std::string(fn) + ": expert groups must split the experts, 0 < groups used <= groups");
+    rs.n_groups = n_groups;
+    rs.n_group_used = n_group_used;
+    if (!bias_.is_none()) {
+      bias = bias_.cast<F32Array>();
+      if ((size_t)bias.size() != E) throw py::value_error(std::string(fn) + ": the selection bias must have E values");
+      rs.bias = bias.data();
+    }
+  }
+};
+
+// A layer's shared expert (all None: none): gate/up [F, H] and down [H, F] as ggml_mat
+// pairs, and gate_inp None or float32 [H]; keep holds what the pointers read.
+struct SharedArgs {
+  rmoe::SharedFFN sh{};
+  std::vector<py::object> keep;
+  SharedArgs(const py::object& gate, const py::object& up, const py::object& down, const py::object& gate_inp,
+             size_t H, const char* fn) {
+    if (gate.is_none() && up.is_none() && down.is_none() && gate_inp.is_none()) return;
+    if (gate.is_none() || up.is_none() || down.is_none())
+      throw py::value_error(std::string(fn) + ": a shared expert needs gate, up and down");
+    sh.gate = ggml_mat(gate.cast<py::tuple>(), H, "shared gate");
+    sh.up = ggml_mat(up.cast<py::tuple>(), H, "shared up");
+    sh.down = ggml_mat(down.cast<py::tuple>(), sh.gate.rows, "shared down");
+    if (sh.up.rows != sh.gate.rows || sh.down.rows != H)
+      throw py::value_error(std::string(fn) + ": shared expert shapes do not agree");
+    keep = {gate, up, down};
+    if (!gate_inp.is_none()) {
+      const auto gi = gate_inp.cast<F32Array>();
+      if ((size_t)gi.size() != H) throw py::value_error(std::string(fn) + ": shared gate_inp must have H values");
+      sh.gate_inp = gi.data();
+      keep.push_back(gi);
+    }
   }
 };
 
@@ -170,8 +218,9 @@ void def_attn(py::module_& m) {
                                 const py::tuple& wk, const py::tuple& wv, const py::tuple& wo, const py::object& bq,
                                 const py::object& bk, const py::object& bv, const py::array& kc, const py::array& vc,
                                 size_t pos, size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim,
-                                bool neox, const py::object& q_norm, const py::object& k_norm, float eps, float scale) {
-    const AttnArgs A(kc, vc, pos, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, eps, scale);
+                                bool neox, const py::object& q_norm, const py::object& k_norm, float eps, float scale,
+                                bool qk_full) {
+    const AttnArgs A(kc, vc, pos, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, eps, scale, qk_full);
     const size_t H = (size_t)x.size();
     if ((size_t)norm_w.size() != H) throw py::value_error("decode_attn_block: norm weight size");
     const AttnProj P(A.a, H, wq, wk, wv, wo, bq, bk, bv, "decode_attn_block");
@@ -185,8 +234,9 @@ void def_attn(py::module_& m) {
     }
     return out;
   }, py::arg("x"), py::arg("norm_w"), py::arg("norm_eps"), py::arg("wq"), py::arg("wk"), py::arg("wv"), py::arg("wo"),
-     py::arg("bq"), py::arg("bk"), py::arg("bv"), RMOE_ATTN_ARGS,
-     "x + Wo.attention(rms_norm(x)) for one decode token; K/V into the caches at pos -> [H]");
+     py::arg("bq"), py::arg("bk"), py::arg("bv"), RMOE_ATTN_ARGS, py::arg("qk_full") = false,
+     "x + Wo.attention(rms_norm(x)) for one decode token; K/V into the caches at pos -> [H] (qk_full: the q/k norms "
+     "span the whole projections)");
 #undef RMOE_ATTN_ARGS
 
   m.def("rms_norm", [](const F32Array& x, const F32Array& w, float eps) {
@@ -202,29 +252,37 @@ void def_attn(py::module_& m) {
     return out;
   }, py::arg("x"), py::arg("w"), py::arg("eps"), "x * rsqrt(mean(x^2) + eps) * w over the last axis (as ggml)");
 
-  m.def("route", [](const F32Array& logits, size_t k, bool sigmoid, bool norm_topk, float scale) {
+  m.def("route", [](const F32Array& logits, size_t k, bool sigmoid, bool norm_topk, float scale, const py::object& bias,
+                    size_t n_groups, size_t n_group_used) {
     if (logits.ndim() != 2 || k == 0 || k > (size_t)logits.shape(1)) throw py::value_error("route: logits [T, E], 0 < k <= E");
     const size_t T = logits.shape(0), E = logits.shape(1);
+    const RouteArgs A(E, k, sigmoid, norm_topk, scale, bias, n_groups, n_group_used, "route");
     I32Array ids({(py::ssize_t)T, (py::ssize_t)k});
     F32Array w({(py::ssize_t)T, (py::ssize_t)k});
-    const rmoe::RouteSpec rs{E, k, sigmoid, norm_topk, scale};
-    rmoe::route_rows(logits.data(), T, rs, ids.mutable_data(), w.mutable_data());
+    rmoe::route_rows(logits.data(), T, A.rs, ids.mutable_data(), w.mutable_data());
     return py::make_tuple(ids, w);
   }, py::arg("logits"), py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("scale"),
-     "router probabilities -> (ids, weights) [T, k], by probability descending (ties: lower id first)");
+     py::arg("bias") = py::none(), py::arg("n_groups") = 0, py::arg("n_group_used") = 0,
+     "router probabilities -> (ids, weights) [T, k], by selection score (probability + bias, within the kept "
+     "groups) descending (ties: lower id first)");
 
   m.def("decode_moe_block", [](const F32Array& h, const F32Array& norm_w, float eps, const py::tuple& router, size_t k,
                                bool sigmoid, bool norm_topk, float scale, int fixed, double ab, double theta, int r_min,
                                int r_max, const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
-                               const py::object& gate_r, const py::object& up_r, const py::object& down4) {
+                               const py::object& gate_r, const py::object& up_r, const py::object& down4,
+                               const py::object& shared_gate, const py::object& shared_up,
+                               const py::object& shared_down, const py::object& shared_gate_inp,
+                               const py::object& bias, size_t n_groups, size_t n_group_used) {
     const size_t H = (size_t)h.size();
     if ((size_t)norm_w.size() != H) throw py::value_error("decode_moe_block: norm weight size");
     const bool may_crit = fixed > 0 || (fixed < 0 && r_max > 0);
     const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, may_crit, "decode_moe_block");
+    const SharedArgs S(shared_gate, shared_up, shared_down, shared_gate_inp, H, "decode_moe_block");
     const auto R = ggml_mat(router, H, "router");
-    if (R.rows != M.mw.E || k == 0 || k > M.mw.E) throw py::value_error("decode_moe_block: router rows must be the experts, 0 < k <= E");
+    if (R.rows != M.mw.E) throw py::value_error("decode_moe_block: router rows must be the experts, 0 < k <= E");
     if (fixed < 0 && (r_min < 0 || r_min > r_max)) throw py::value_error("decode_moe_block: need 0 <= r_min <= r_max");
-    const rmoe::RouteSpec rs{M.mw.E, k, sigmoid, norm_topk, scale};
+    const RouteArgs RA(M.mw.E, k, sigmoid, norm_topk, scale, bias, n_groups, n_group_used, "decode_moe_block");
+    const rmoe::RouteSpec& rs = RA.rs;
     const rmoe::CritPolicy pol{fixed, ab, theta, r_min, r_max};
     F32Array out((py::ssize_t)H), w((py::ssize_t)k);
     I32Array ids((py::ssize_t)k);
@@ -236,14 +294,17 @@ void def_attn(py::module_& m) {
     int r;
     {
       py::gil_scoped_release nogil;
-      r = rmoe::decode_moe_block(hp, H, nw, eps, R, rs, pol, M.mw, op, ip, wp);
+      r = rmoe::decode_moe_block(hp, H, nw, eps, R, rs, pol, M.mw, S.sh, op, ip, wp);
     }
     return py::make_tuple(out, ids, w, r);
   }, py::arg("h"), py::arg("norm_w"), py::arg("eps"), py::arg("router"), py::arg("k"), py::arg("sigmoid"),
      py::arg("norm_topk"), py::arg("scale"), py::arg("fixed"), py::arg("ab"), py::arg("theta"), py::arg("r_min"),
      py::arg("r_max"), py::arg("gate_q"), py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(),
-     py::arg("up_r") = py::none(), py::arg("down4") = py::none(),
-     "h + routed residual-split experts of rms_norm(h) for one decode token -> (out [H], ids [k], w [k], r)");
+     py::arg("up_r") = py::none(), py::arg("down4") = py::none(), py::arg("shared_gate") = py::none(),
+     py::arg("shared_up") = py::none(), py::arg("shared_down") = py::none(), py::arg("shared_gate_inp") = py::none(),
+     py::arg("bias") = py::none(), py::arg("n_groups") = 0, py::arg("n_group_used") = 0,
+     "h + routed residual-split experts (and a shared expert, if given) of rms_norm(h) for one decode token -> "
+     "(out [H], ids [k], w [k], r)");
 }
 
 namespace {
@@ -257,21 +318,24 @@ class DecodeChain {
            const py::tuple& wv, const py::tuple& wo, const py::object& bq, const py::object& bk, const py::object& bv,
            const py::array& kc, const py::array& vc, size_t n_head, const F32Array& cos, const F32Array& sin,
            size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm, float qk_eps, float scale,
-           const py::tuple& router, size_t k, bool sigmoid, bool norm_topk, float rscale, const U8Array& gate_q,
+           bool qk_full, const py::tuple& router, size_t k, bool sigmoid, bool norm_topk, float rscale, const U8Array& gate_q,
            const U8Array& up_q, const U8Array& down_q, const py::object& gate_r, const py::object& up_r,
-           const py::object& down4) {
+           const py::object& down4, const py::object& shared_gate, const py::object& shared_up,
+           const py::object& shared_down, const py::object& shared_gate_inp, const py::object& bias, size_t n_groups,
+           size_t n_group_used) {
     const size_t H = (size_t)attn_norm.size();
     if (H == 0 || (!layers_.empty() && H != H_) || (size_t)ffn_norm.size() != H)
       throw py::value_error("decode chain: every block's norms must have the model's width");
     if (cos.ndim() != 2 || sin.ndim() != 2 || cos.shape(1) != (py::ssize_t)(rope_dim / 2) ||
         sin.shape(0) != cos.shape(0) || sin.shape(1) != cos.shape(1))
       throw py::value_error("decode chain: RoPE tables must be [positions, rope_dim / 2]");
-    const AttnArgs A(kc, vc, 0, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, qk_eps, scale);
+    const AttnArgs A(kc, vc, 0, n_head, cos, sin, rope_dim, neox, q_norm, k_norm, qk_eps, scale, qk_full);
     const AttnProj P(A.a, H, wq, wk, wv, wo, bq, bk, bv, "decode chain");
     const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, !gate_r.is_none(), "decode chain");
+    const SharedArgs S(shared_gate, shared_up, shared_down, shared_gate_inp, H, "decode chain");
     const auto R = ggml_mat(router, H, "router");
-    if (R.rows != M.mw.E || k == 0 || k > M.mw.E)
-      throw py::value_error("decode chain: router rows must be the experts, 0 < k <= E");
+    if (R.rows != M.mw.E) throw py::value_error("decode chain: router rows must be the experts, 0 < k <= E");
+    const RouteArgs RA(M.mw.E, k, sigmoid, norm_topk, rscale, bias, n_groups, n_group_used, "decode chain");
     for (const py::object& o : {py::object(attn_norm), py::object(ffn_norm), py::object(wq), py::object(wk),
                                 py::object(wv), py::object(wo), py::object(P.qb), py::object(P.kb), py::object(P.vb),
                                 py::object(kc), py::object(vc), py::object(A.cos), py::object(A.sin),
@@ -279,9 +343,11 @@ class DecodeChain {
                                 py::object(up_q), py::object(down_q), py::object(M.gr), py::object(M.ur),
                                 py::object(M.d4)})
       keep_.push_back(o);
+    keep_.insert(keep_.end(), S.keep.begin(), S.keep.end());
+    keep_.push_back(RA.bias);
     layers_.push_back({eps, attn_norm.data(), P.q, P.k, P.v, P.o, P.bq, P.bk, P.bv, A.a, A.cos.data(), A.sin.data(),
                        (size_t)cos.shape(0), A.kc, A.vc, A.n_ctx, ffn_norm.data(), R,
-                       rmoe::RouteSpec{M.mw.E, k, sigmoid, norm_topk, rscale}, M.mw});
+                       RA.rs, M.mw, S.sh});
     has_residual_.push_back(M.mw.gate_r != nullptr);
     H_ = H;
     sum_k_ += k;
@@ -336,12 +402,14 @@ void def_chain(py::module_& m) {
       .def("add", &DecodeChain::add, py::arg("attn_norm"), py::arg("ffn_norm"), py::arg("eps"), py::arg("wq"),
            py::arg("wk"), py::arg("wv"), py::arg("wo"), py::arg("bq"), py::arg("bk"), py::arg("bv"), py::arg("kc"),
            py::arg("vc"), py::arg("n_head"), py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), py::arg("neox"),
-           py::arg("q_norm"), py::arg("k_norm"), py::arg("qk_eps"), py::arg("scale"), py::arg("router"),
+           py::arg("q_norm"), py::arg("k_norm"), py::arg("qk_eps"), py::arg("scale"), py::arg("qk_full"), py::arg("router"),
            py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("rscale"), py::arg("gate_q"),
            py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(), py::arg("up_r") = py::none(),
-           py::arg("down4") = py::none(),
+           py::arg("down4") = py::none(), py::arg("shared_gate") = py::none(), py::arg("shared_up") = py::none(),
+           py::arg("shared_down") = py::none(), py::arg("shared_gate_inp") = py::none(), py::arg("bias") = py::none(),
+           py::arg("n_groups") = 0, py::arg("n_group_used") = 0,
            "one more block: its attention half (as decode_attn_block, RoPE tables [positions, rope_dim / 2]) and "
-           "its routed-expert half (as decode_moe_block)")
+           "its expert half (as decode_moe_block)")
       .def("run", &DecodeChain::run, py::arg("x"), py::arg("pos"), py::arg("fixed"), py::arg("ab"),
            py::arg("theta"), py::arg("r_min"), py::arg("r_max"),
            "x [H] through the blocks at pos -> (out [H], ids [sum k], w [sum k], r [blocks])")

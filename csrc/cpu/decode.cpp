@@ -8,19 +8,6 @@
 
 namespace rmoe {
 
-// As ggml_rms_norm then ggml_mul: float squares summed in double (in 8 partial sums,
-// which the compiler vectorizes), a float scale.
-void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out) {
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) part[j] += (double)(x[i + j] * x[i + j]);
-  double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) ss += (double)(x[i] * x[i]);
-  const float r = 1.0f / std::sqrt((float)(ss / (double)n) + eps);
-  for (i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
-}
-
 namespace {
 void matvec(const GgmlMat& m, const float* x, float* y) { ggml::matmul(m.type, m.w, m.rows, m.rb, m.k, x, 1, y); }
 }  // namespace
@@ -49,8 +36,15 @@ void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps,
 
 void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids, float* w) {
   const size_t E = rs.E, k = rs.k;
-  std::vector<float> p(E);
+  std::vector<float> p(E), sel(E);
   std::vector<int32_t> order(E);
+  const bool grouped = rs.n_groups > 1;
+  const size_t per = grouped ? E / rs.n_groups : E;
+  std::vector<float> gscore(grouped ? rs.n_groups : 0);
+  std::vector<int32_t> gorder(gscore.size());
+  const auto before = [](const std::vector<float>& s) {  // higher score first, ties: the lower index
+    return [&s](int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+  };
   for (size_t t = 0; t < T; ++t) {
     const float* l = logits + t * E;
     if (rs.sigmoid) {
@@ -61,9 +55,26 @@ void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids
       for (size_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
       for (size_t e = 0; e < E; ++e) p[e] /= sum;
     }
+    for (size_t e = 0; e < E; ++e) sel[e] = rs.bias ? p[e] + rs.bias[e] : p[e];
+    if (grouped) {  // each group's score: the sum of its top 2 (engine/moe/router.py)
+      for (size_t g = 0; g < rs.n_groups; ++g) {
+        const float* s = sel.data() + g * per;
+        float a = -INFINITY, b = -INFINITY;
+        for (size_t j = 0; j < per; ++j) {
+          if (s[j] > a) b = a, a = s[j];
+          else if (s[j] > b) b = s[j];
+        }
+        gscore[g] = per > 1 ? a + b : a;
+        gorder[g] = (int32_t)g;
+      }
+      std::partial_sort(gorder.begin(), gorder.begin() + rs.n_group_used, gorder.end(), before(gscore));
+      std::vector<bool> keep(rs.n_groups, false);
+      for (size_t i = 0; i < rs.n_group_used; ++i) keep[gorder[i]] = true;
+      for (size_t e = 0; e < E; ++e)
+        if (!keep[e / per]) sel[e] = -INFINITY;
+    }
     for (size_t e = 0; e < E; ++e) order[e] = (int32_t)e;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), before(sel));
     float* wt = w + t * k;
     float sum = 0.f;
     for (size_t j = 0; j < k; ++j) {
@@ -77,23 +88,53 @@ void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids
   }
 }
 
+namespace {
+// y += shared(xn), the steps and order of SharedExpert.__call__ and MoEFFN.__call__.
+void add_shared(const SharedFFN& sh, const float* xn, size_t H, float* y) {
+  const size_t F = sh.gate.rows;
+  std::vector<float> g(F), u(F), a(F), s(H);
+  const int types[2] = {sh.gate.type, sh.up.type};
+  const uint8_t* ws[2] = {sh.gate.w, sh.up.w};
+  const size_t rows[2] = {F, F}, rbs[2] = {sh.gate.rb, sh.up.rb};
+  float* ys[2] = {g.data(), u.data()};
+  ggml::matvec_multi(2, types, ws, rows, rbs, H, xn, ys);
+  resplit::silu_mul(g.data(), u.data(), F, a.data());
+  matvec(sh.down, a.data(), s.data());
+  float gw = 1.f;
+  if (sh.gate_inp) {
+    float z = 0.f;
+    for (size_t i = 0; i < H; ++i) z += xn[i] * sh.gate_inp[i];
+    gw = 1.f / (1.f + std::exp(-z));
+  }
+  for (size_t i = 0; i < H; ++i) y[i] += sh.gate_inp ? s[i] * gw : s[i];
+}
+}  // namespace
+
 int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, const GgmlMat& router,
-                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, float* out,
-                     int32_t* ids, float* w) {
+                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, const SharedFFN& sh,
+                     float* out, int32_t* ids, float* w) {
   std::vector<float> xn(H), logits(rs.E), y(H);
   rms_norm_row(h, H, norm_w, eps, xn.data());
   matvec(router, xn.data(), logits.data());
   route_rows(logits.data(), 1, rs, ids, w);
   const int k = (int)rs.k;
+  // the critical experts are those of the largest weights (ResplitExperts): with a selection
+  // bias that order is not the selection's, so the slots go by weight, ties in selection order
+  std::vector<int32_t> order(k), wid(k);
+  std::vector<float> ww(k);
+  for (int j = 0; j < k; ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return w[a] > w[b]; });
+  for (int j = 0; j < k; ++j) wid[j] = ids[order[j]], ww[j] = w[order[j]];
   int r;
   if (pol.fixed >= 0) {
     r = std::min(pol.fixed, k);
   } else {
     int lead = 0;
-    while (lead < k && pol.ab * (double)w[lead] > pol.theta) ++lead;
+    while (lead < k && pol.ab * (double)ww[lead] > pol.theta) ++lead;
     r = std::max(pol.r_min, std::min(lead, std::min(pol.r_max, k)));
   }
-  resplit::moe_forward(mw, xn.data(), 1, rs.k, ids, w, &r, y.data());
+  resplit::moe_forward(mw, xn.data(), 1, rs.k, wid.data(), ww.data(), &r, y.data());
+  if (sh.gate.w) add_shared(sh, xn.data(), H, y.data());
   for (size_t i = 0; i < H; ++i) out[i] = h[i] + y[i];
   return r;
 }
@@ -108,7 +149,8 @@ void decode_layers(const DecodeLayer* layers, size_t n, size_t H, size_t pos, co
     a.cos = L.cos + pos * (a.rope_dim / 2);
     a.sin = L.sin + pos * (a.rope_dim / 2);
     decode_attn_block(x, H, L.attn_norm, L.eps, L.wq, L.wk, L.wv, L.wo, L.bq, L.bk, L.bv, a, L.kc, L.vc, pos, h.data());
-    r[i] = decode_moe_block(h.data(), H, L.ffn_norm, L.eps, L.router, L.rs, pol[i], L.mw, x, ids + off, w + off);
+    r[i] = decode_moe_block(h.data(), H, L.ffn_norm, L.eps, L.router, L.rs, pol[i], L.mw, L.sh, x, ids + off,
+                            w + off);
     off += L.rs.k;
   }
 }

@@ -17,9 +17,6 @@ struct GgmlMat {  // rows x k weights of a GGUF type, raw rows of rb bytes
   size_t rows, rb, k;
 };
 
-// out = x * rsqrt(mean(x^2) + eps) * w
-void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out);
-
 // out [H] = x + Wo . attention(q, k, v of rms_norm(x)); a describes heads, RoPE and
 // norms (its cos/sin are the position's); biases may be null.
 void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps, const GgmlMat& wq, const GgmlMat& wk,
@@ -31,9 +28,13 @@ struct RouteSpec {
   bool sigmoid;    // else softmax
   bool norm_topk;  // weights / sum (at least 2^-14)
   float scale;     // applied when not 0 or 1
+  const float* bias = nullptr;  // [E] added to the probabilities for selection only (exp_probs_b), or null
+  size_t n_groups = 0, n_group_used = 0;  // n_groups > 1: only the n_group_used groups of E / n_groups
+                                          // experts with the largest sums of their top 2 scores compete
 };
-// logits [T, E] -> ids, w [T, k]: the k most probable experts, by probability
-// descending (ties: the lower id first), and their weights.
+// logits [T, E] -> ids, w [T, k]: the k experts of the highest selection score
+// (probability + bias), in that order (ties: the lower id first), and their weights
+// (the unbiased probabilities).
 void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids, float* w);
 
 struct CritPolicy {
@@ -42,11 +43,20 @@ struct CritPolicy {
   int r_min, r_max;
 };
 
-// out [H] = h + sum_j w_j expert_j(rms_norm(h)), experts in the residual-split formats
-// (mw) with the first r critical. Returns r; ids, w [k] as route_rows.
+// A dense SwiGLU expert every token uses beside the routed ones (engine/moe/block.py
+// SharedExpert): down . (silu(gate . x) * (up . x)), times sigmoid(gate_inp . x) where
+// gate_inp is set (qwen2moe). gate.w null: the layer has none.
+struct SharedFFN {
+  GgmlMat gate{}, up{}, down{};
+  const float* gate_inp = nullptr;  // [H] or null
+};
+
+// out [H] = h + (sum_j w_j expert_j(xn) + shared(xn)), xn = rms_norm(h); experts in the
+// residual-split formats (mw), the r of the largest weights critical. Returns r; ids, w [k]
+// as route_rows gives them (in selection order).
 int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, const GgmlMat& router,
-                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, float* out,
-                     int32_t* ids, float* w);
+                     const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, const SharedFFN& sh,
+                     float* out, int32_t* ids, float* w);
 
 // One transformer block whose two halves both fuse (decode_attn_block, then
 // decode_moe_block), as decode_layers runs it.
@@ -64,6 +74,7 @@ struct DecodeLayer {
   GgmlMat router;
   RouteSpec rs;
   resplit::MoeWeights mw;
+  SharedFFN sh;
 };
 
 // One decode token at pos through n consecutive blocks, with no Python between them.

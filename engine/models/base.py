@@ -37,14 +37,15 @@ class Attention:
         self.bv = opt(p + "attn_v.bias", nkv * hdv)
         self.qk_norm = qk_norm
         self._ops = None  # the projections as decode_block passes them (built on first use)
-        self.q_norm_np = self.k_norm_np = None  # per-head norms for decode_block
+        self.q_norm_np = self.k_norm_np = None  # the norms for decode_block
         if qk_norm == "head":
             self.q_norm = W.get(p + "attn_q_norm.weight", hd)
             self.k_norm = W.get(p + "attn_k_norm.weight", hd)
-            self.q_norm_np, self.k_norm_np = self.q_norm.numpy(), self.k_norm.numpy()
         elif qk_norm == "full":
             self.q_norm = W.get(p + "attn_q_norm.weight", nh * hd)
             self.k_norm = W.get(p + "attn_k_norm.weight", nkv * hd)
+        if qk_norm:
+            self.q_norm_np, self.k_norm_np = self.q_norm.numpy(), self.k_norm.numpy()
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
         from .common import attend
@@ -73,8 +74,8 @@ class Attention:
         return linear(o, self.wo)
 
     def fusable(self) -> bool:
-        """decode_block covers this layer (per-head or no q/k norms)."""
-        return self.qk_norm != "full" and self.rope.dim <= self.cfg.head_dim
+        """decode_block covers this layer."""
+        return self.rope.dim <= self.cfg.head_dim
 
     def _operands(self) -> tuple:
         """wq, wk, wv, wo as ggml operands and the biases (or None) as the fused kernels take them."""
@@ -91,7 +92,7 @@ class Attention:
                     kc=cache.k[self.il].array(), vc=cache.v[self.il].array(), n_head=cfg.n_head,
                     cos=self.rope.cos.numpy(), sin=self.rope.sin.numpy(), rope_dim=self.rope.dim,
                     neox=self.rope.style == "neox", q_norm=self.q_norm_np, k_norm=self.k_norm_np,
-                    qk_eps=cfg.rms_eps, scale=self.scale)
+                    qk_eps=cfg.rms_eps, scale=self.scale, qk_full=self.qk_norm == "full")
 
     def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: KVCache) -> torch.Tensor:
         """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the K/V cache written at pos)."""
@@ -100,7 +101,7 @@ class Attention:
             x.numpy().reshape(-1), norm_w.numpy(), eps, *self._operands(),
             cache.k[self.il].array(), cache.v[self.il].array(), pos, cfg.n_head, self.rope.cos[pos].numpy(),
             self.rope.sin[pos].numpy(), self.rope.dim, self.rope.style == "neox", self.q_norm_np, self.k_norm_np,
-            cfg.rms_eps, self.scale)
+            cfg.rms_eps, self.scale, self.qk_norm == "full")
         return torch.from_numpy(out).view(1, -1)
 
 

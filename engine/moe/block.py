@@ -19,6 +19,13 @@ class SharedExpert:
     def __init__(self, gate, up, down, gate_inp: torch.Tensor | None = None):
         self.gate, self.up, self.down, self.gate_inp = gate, up, down, gate_inp
 
+    def chain_args(self) -> dict:
+        """This expert as the fused decode kernels take it (decode_moe_block's shared_* arguments)."""
+        gi = self.gate_inp
+        return dict(shared_gate=kernels.ggml_operand(self.gate), shared_up=kernels.ggml_operand(self.up),
+                    shared_down=kernels.ggml_operand(self.down),
+                    shared_gate_inp=None if gi is None else gi.float().contiguous().numpy().reshape(-1))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = swiglu_ffn(x, self.gate, self.up, self.down)  # [T, H]
         if self.gate_inp is not None:
@@ -32,7 +39,7 @@ class MoEFFN:
         self.layer = layer
         self.router_w, self.experts, self.spec = router_w, experts, spec  # router_w [E, H]
         self.bias, self.shared = bias, shared
-        self._router_op = None  # router_w as decode_block passes it (built on first use)
+        self._ops = None  # the operands as decode_block passes them (built on first use)
 
     def __call__(self, x: torch.Tensor, step) -> torch.Tensor:
         # x [T, H] -> [T, H]
@@ -46,10 +53,9 @@ class MoEFFN:
 
     def fusable(self, step) -> bool:
         """decode_block covers this layer: the CPU step, residual-split experts under a
-        fixed or UMIA policy, a plain top-k router, no shared expert."""
+        fixed or UMIA policy (any router, a shared expert or none)."""
         return (step.fused and type(self.experts) is ResplitExperts
-                and isinstance(step.policy, (FixedCritical, UmiaPolicy))
-                and self.bias is None and self.spec.n_groups <= 1 and self.shared is None)
+                and isinstance(step.policy, (FixedCritical, UmiaPolicy)))
 
     def crit_args(self, step) -> tuple[int, float, float, int, int]:
         """This layer's critical-set policy as the fused kernels take it: (fixed, ab, theta,
@@ -63,13 +69,16 @@ class MoEFFN:
         return -1, ab, p.theta, p.r_min, min(p.r_max, pol.k)
 
     def chain_args(self) -> dict:
-        """The routed-expert half's operands as DecodeChain.add takes them."""
-        e, spec = self.experts, self.spec
-        if self._router_op is None:
-            self._router_op = kernels.ggml_operand(self.router_w)
-        return dict(router=self._router_op, k=spec.k, sigmoid=spec.sigmoid, norm_topk=spec.norm_topk,
-                    rscale=spec.scale, gate_q=e.gate_q, up_q=e.up_q, down_q=e.down_q, gate_r=e.gate_r,
-                    up_r=e.up_r, down4=e.down4)
+        """The expert half's operands as DecodeChain.add takes them."""
+        if self._ops is None:
+            e, spec = self.experts, self.spec
+            self._ops = dict(router=kernels.ggml_operand(self.router_w), k=spec.k, sigmoid=spec.sigmoid,
+                             norm_topk=spec.norm_topk, rscale=spec.scale, gate_q=e.gate_q, up_q=e.up_q,
+                             down_q=e.down_q, gate_r=e.gate_r, up_r=e.up_r, down4=e.down4,
+                             bias=None if self.bias is None else self.bias.detach().float().numpy(),
+                             n_groups=spec.n_groups, n_group_used=spec.n_group_used,
+                             **(self.shared.chain_args() if self.shared is not None else {}))
+        return self._ops
 
     def record(self, step, r: int, ids) -> None:
         """What the fused kernels chose for this decode token, into the step's records."""
@@ -82,6 +91,7 @@ class MoEFFN:
         out, ids, w, r = kernels.decode_moe_block(
             h.numpy().reshape(-1), norm_w.numpy(), eps, a["router"], a["k"], a["sigmoid"], a["norm_topk"],
             a["rscale"], *self.crit_args(step), a["gate_q"], a["up_q"], a["down_q"], a["gate_r"], a["up_r"],
-            a["down4"])
+            a["down4"], bias=a["bias"], n_groups=a["n_groups"], n_group_used=a["n_group_used"],
+            **{n: v for n, v in a.items() if n.startswith("shared_")})
         self.record(step, r, ids)
         return torch.from_numpy(out).view(1, -1)

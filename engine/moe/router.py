@@ -29,9 +29,11 @@ class RouterSpec:
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None):
     """logits [T, E] -> (ids [T, k] int64 sorted by selection score, weights [T, k] f32).
     The selection adds the bias (exp_probs_b); the weights use unbiased probabilities.
-    Without bias or groups this is the kernel the fused decode uses (ties: lower id first)."""
-    if bias is None and spec.n_groups <= 1 and logits.device.type == "cpu":
-        ids, w = kernels.route(logits.detach().numpy(), spec.k, spec.sigmoid, spec.norm_topk, spec.scale)
+    On the CPU this is the kernel the fused decode uses (ties: lower id first)."""
+    if logits.device.type == "cpu":
+        ids, w = kernels.route(logits.detach().numpy(), spec.k, spec.sigmoid, spec.norm_topk, spec.scale,
+                               None if bias is None else bias.detach().float().numpy(), spec.n_groups,
+                               spec.n_group_used)
         return torch.from_numpy(ids).long(), torch.from_numpy(w)
     probs = torch.sigmoid(logits) if spec.sigmoid else torch.softmax(logits, dim=-1)  # [T, E]
     sel = probs + bias if bias is not None else probs
