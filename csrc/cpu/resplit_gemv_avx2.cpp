@@ -20,15 +20,8 @@ namespace resplit {
 int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   alignas(32) float f[32] = {0};
   std::memcpy(f, x, (n < 32 ? n : 32) * sizeof(float));
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4], m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_load_ps(f + 8 * i);
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-  }
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  __m256 v[4];
+  const float amax = load_absmax32(f, v);
   *sx = amax / levels;
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? levels / amax : 0.f);
   __m256i qv[4], s = _mm256_setzero_si256();

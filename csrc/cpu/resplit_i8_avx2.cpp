@@ -16,6 +16,8 @@
 
 #include <cstring>
 
+#include "simd.h"
+
 namespace rmoe {
 namespace resplit {
 
@@ -28,16 +30,9 @@ constexpr size_t kRows = 16, kMaxTok = 3;
 // block; each weight pair is one 32-bit store.
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 8, rr = r % 8;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (size_t b = 0; b < nb; ++b, f += 32) {
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(f + 8 * i);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    __m256 v[4];
+    const float amax = load_absmax32(f, v);
     s[b * kRows + r] = amax / 127.f;
     nc[b * kRows + r] = 0;
     const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);

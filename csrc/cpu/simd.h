@@ -41,6 +41,19 @@ RMOE_INLINE __m256 exp8_ps(__m256 x) {
   return _mm256_mul_ps(p, two_k);
 }
 
+// 32 floats at x into v[4]; returns their largest magnitude.
+RMOE_INLINE float load_absmax32(const float* x, __m256 v[4]) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
 // IEEE half bits (low 16 bits of h) -> float, exact.
 RMOE_INLINE float h2f(uint32_t h) { return _cvtsh_ss((unsigned short)h); }
 
