@@ -171,9 +171,10 @@ def decode_moe_block(h: np.ndarray, norm_w: np.ndarray, eps: float, router, k: i
     """h [H] + the routed residual-split experts of rms_norm(h) for one decode token,
     plus a shared expert where shared_gate/up/down (ggml_operand pairs [F, H], [F, H],
     [H, F]) are given, weighted by sigmoid(shared_gate_inp [H] . x) where that is. The
-    router selects as route (bias, n_groups, n_group_used). fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(leading run of ab * w_j >
-    theta, r_min, min(r_max, k)). router: a ggml_operand pair [E, H].
-    -> (out [H], ids [k] int32, weights [k], r)."""
+    router selects as route (bias, n_groups, n_group_used); the critical experts are the
+    r of the largest weights. fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(
+    leading run of ab * w_j > theta, r_min, min(r_max, k)), w sorted descending. router: a
+    ggml_operand pair [E, H]. -> (out [H], ids [k] int32, weights [k], r)."""
     return _cpu.decode_moe_block(_f32(h), _f32(norm_w), float(eps), router, int(k), bool(sigmoid), bool(norm_topk),
                                  float(scale), int(fixed), float(ab), float(theta), int(r_min), int(r_max),
                                  gate_q, up_q, down_q, gate_r, up_r, down4, shared_gate, shared_up, shared_down,

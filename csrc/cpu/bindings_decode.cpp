@@ -72,8 +72,8 @@ struct AttnArgs {
         (size_t)sin.size() < rope_dim / 2)
       throw py::value_error("attention: shapes do not agree");
     a = {n_head, nkv, hd, hdv, rope_dim, neox, cos.data(), sin.data(),
-         opt_f32(q_norm, qk_full ? n_head * hd : hd, "q_norm", qn), opt_f32(k_norm, qk_full ? nkv * hd : hd, "k_norm", kn),
-         eps, scale, qk_full};
+         opt_f32(q_norm, qk_full ? n_head * hd : hd, "q_norm", qn),
+         opt_f32(k_norm, qk_full ? nkv * hd : hd, "k_norm", kn), eps, scale, qk_full};
   }
 };
 
@@ -318,8 +318,8 @@ class DecodeChain {
            const py::tuple& wv, const py::tuple& wo, const py::object& bq, const py::object& bk, const py::object& bv,
            const py::array& kc, const py::array& vc, size_t n_head, const F32Array& cos, const F32Array& sin,
            size_t rope_dim, bool neox, const py::object& q_norm, const py::object& k_norm, float qk_eps, float scale,
-           bool qk_full, const py::tuple& router, size_t k, bool sigmoid, bool norm_topk, float rscale, const U8Array& gate_q,
-           const U8Array& up_q, const U8Array& down_q, const py::object& gate_r, const py::object& up_r,
+           bool qk_full, const py::tuple& router, size_t k, bool sigmoid, bool norm_topk, float rscale,
+           const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q, const py::object& gate_r, const py::object& up_r,
            const py::object& down4, const py::object& shared_gate, const py::object& shared_up,
            const py::object& shared_down, const py::object& shared_gate_inp, const py::object& bias, size_t n_groups,
            size_t n_group_used) {
@@ -402,8 +402,8 @@ void def_chain(py::module_& m) {
       .def("add", &DecodeChain::add, py::arg("attn_norm"), py::arg("ffn_norm"), py::arg("eps"), py::arg("wq"),
            py::arg("wk"), py::arg("wv"), py::arg("wo"), py::arg("bq"), py::arg("bk"), py::arg("bv"), py::arg("kc"),
            py::arg("vc"), py::arg("n_head"), py::arg("cos"), py::arg("sin"), py::arg("rope_dim"), py::arg("neox"),
-           py::arg("q_norm"), py::arg("k_norm"), py::arg("qk_eps"), py::arg("scale"), py::arg("qk_full"), py::arg("router"),
-           py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("rscale"), py::arg("gate_q"),
+           py::arg("q_norm"), py::arg("k_norm"), py::arg("qk_eps"), py::arg("scale"), py::arg("qk_full"),
+           py::arg("router"), py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("rscale"), py::arg("gate_q"),
            py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(), py::arg("up_r") = py::none(),
            py::arg("down4") = py::none(), py::arg("shared_gate") = py::none(), py::arg("shared_up") = py::none(),
            py::arg("shared_down") = py::none(), py::arg("shared_gate_inp") = py::none(), py::arg("bias") = py::none(),

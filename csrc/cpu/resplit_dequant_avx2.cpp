@@ -52,7 +52,8 @@ void wr_group_floats(const uint8_t* q, float D, float* out) {
       const __m128i b = s % 2 ? _mm256_extracti128_si256(lv[s / 2][p], 1) : _mm256_castsi256_si128(lv[s / 2][p]);
       for (int e = 0; e < 2; ++e) {
         const __m256 l = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e ? _mm_srli_si128(b, 8) : b));
-        _mm256_storeu_ps(out + 64 * p + 16 * s + 8 * e, _mm256_mul_ps(dr, _mm256_mul_ps(_mm256_sub_ps(l, nine), quarter)));
+        const __m256 level = _mm256_mul_ps(_mm256_sub_ps(l, nine), quarter);  // L, exactly
+        _mm256_storeu_ps(out + 64 * p + 16 * s + 8 * e, _mm256_mul_ps(dr, level));
       }
     }
   }
