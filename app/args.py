@@ -1,8 +1,13 @@
-"""Argument types shared by the subcommands: a bad value is argparse's one-line
-error (exit 2) before anything is loaded."""
+"""The options the commands and the TUI share: the model and its placement
+(`--threads`, `--ctx`, `--offline`, `--critical`, the plan's budgets), sampling,
+and what a parsed set of them means to the engine. A bad value is argparse's
+one-line error (exit 2) before anything is loaded."""
 from __future__ import annotations
 
 import argparse
+
+from ..engine.errors import UserError
+from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
 MAX_THREADS = 1024  # more is a typo: each thread costs the OpenMP runtime and the kernels' pool memory
 
@@ -16,3 +21,115 @@ def threads(v: str) -> int:
     if not 1 <= n <= MAX_THREADS:
         raise argparse.ArgumentTypeError(f"must be in 1..{MAX_THREADS}, got {n}")
     return n
+
+
+def _gib(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GiB, got {v!r}") from None
+    if not (x > 0 and x < 1e9):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError("must be a size in GiB > 0")
+    return x
+
+
+def _gpu_list(v: str) -> list[int]:
+    try:
+        out = [int(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {v!r}") from None
+    if any(i < 0 for i in out):
+        raise argparse.ArgumentTypeError("GPU indices are >= 0")
+    return out
+
+
+def add_placement_arguments(p) -> None:
+    """The flags that shape a plan: `plan`, chat, -p, eval and bench take the same."""
+    p.add_argument("--vram-budget", type=_gib, default=None, metavar="GiB",
+                   help="VRAM to use on each GPU (default: its free VRAM)")
+    p.add_argument("--dram-budget", type=_gib, default=None, metavar="GiB",
+                   help="DRAM to use (default: available DRAM less a reserve for the OS)")
+    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1", help="GPUs to use (default: all visible)")
+    p.add_argument("--mode", choices=("gpu-residual", "gpu-partial", "cpu"), default=None,
+                   help="force a mode (default: the fastest that fits)")
+    p.add_argument("--cache-fraction", type=float, default=None, metavar="F",
+                   help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help=f"KV cache type (default {DEFAULT_KV_TYPE}; q8_0 halves it again, f32 is exact)")
+
+
+def plan_request(args):
+    """Parsed placement flags -> engine.plan.planner.PlanRequest."""
+    from ..engine.plan.hardware import GiB
+    from ..engine.plan.planner import PlanRequest
+
+    if args.cache_fraction is not None and not 0.0 <= args.cache_fraction <= 1.0:
+        raise UserError("--cache-fraction must be within [0, 1]")
+    return PlanRequest(vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
+                       dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
+                       gpus=tuple(args.gpus) if args.gpus is not None else None, mode=args.mode,
+                       cache_fraction=args.cache_fraction, kv_type=args.kv_type)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
+    p.add_argument("--critical", type=critical_arg, default=None, metavar="R|auto",
+                   help="residual split with R critical experts per token (R > k means k), or 'auto': "
+                        "UMIA picks them per token and layer (the default of -p and the TUI)")
+    p.add_argument("--precision", choices=("split", "full"), default=None,
+                   help="full: the source weights as they are (no residual split)")
+    add_placement_arguments(p)
+
+
+def critical_arg(v: str) -> int | str:
+    if v == "auto":
+        return v
+    try:
+        r = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of experts or 'auto', got {v!r}") from None
+    if r < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return r
+
+
+def critical_setting(args, default_split: bool):
+    """-> r (int), "auto" (UMIA), or None for full precision. default_split: what no flag means."""
+    if args.precision == "full" and args.critical is not None:
+        raise UserError("--precision full and --critical exclude each other")
+    if args.precision == "full":
+        return None
+    if args.critical is not None:
+        return args.critical
+    if args.precision == "split" or default_split:
+        return "auto"  # UMIA: the calibrated profile of this model and machine, else the default
+    return None
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=None, help="temperature (0 = greedy; default 0.7)")
+    p.add_argument("--top-k", type=int, default=None, help="top-k (0 = off; default 40)")
+    p.add_argument("--top-p", type=float, default=None, help="top-p (default 0.9)")
+    p.add_argument("--min-p", type=float, default=None, help="min-p (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=None, help="repeat penalty (default 1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
+    p.add_argument("--max-tokens", "-n", type=int, default=None, help="maximum tokens to generate (default 512)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def remote_endpoint(args):
+    """--endpoint URL, or -m naming a provider of config.toml -> its Endpoint; None: a local model.
+    What only a local model has is refused in one line."""
+    from .remote.providers import resolve  # the providers' config and keyring: only when asked
+
+    ep = resolve(args.model, getattr(args, "endpoint", None))
+    if ep is None:
+        return None
+    for flag, given in (("--raw", getattr(args, "raw", False)), ("--critical", args.critical is not None),
+                        ("--precision", args.precision is not None)):
+        if given:
+            raise UserError(f"{flag} applies to local models only, not to {ep.name or ep.base_url}")
+    return ep

@@ -58,7 +58,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from ..engine.plan_sizes import use_planned_allocator
+    from ..engine.plan.sizes import use_planned_allocator
 
     use_planned_allocator()  # freed large buffers go back to the OS: peak memory is what `plan` counts
     try:

@@ -11,7 +11,7 @@ import sys
 
 from ..engine.errors import UserError
 from .args import threads
-from .cmd_plan import add_placement_arguments, plan_request
+from .args import add_placement_arguments, plan_request
 from .cmd_chat import note
 
 
@@ -82,8 +82,8 @@ def run(args) -> int:
         raise UserError("--precision full and --critical exclude each other")
     if args.one:
         return _run_one(args)
-    from ..engine.bench import bench_model_path
-    from ..engine.model import resolve_model_path
+    from ..engine.tune.bench import bench_model_path
+    from ..engine.loader import resolve_model_path
     from .progress import StepProgress
 
     threads = _threads(args)
@@ -91,7 +91,7 @@ def run(args) -> int:
     with StepProgress(enabled=sys.stderr.isatty()) as prog:
         src = bench_model_path(progress=prog) if args.model == "bench" else resolve_model_path(args.model, progress=prog)
         if any(s is not None for s in settings):
-            from ..engine.pack import convert
+            from ..engine.pack.convert import convert
 
             convert(src, progress=prog, log=note)
     # the 1 GiB probe runs here, so it never counts in a setting's peak RSS
@@ -121,7 +121,7 @@ def run(args) -> int:
 
 
 def _run_one(args) -> int:
-    from ..engine.bench import rss_now, run_setting
+    from ..engine.tune.bench import rss_now, run_setting
 
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "auto")

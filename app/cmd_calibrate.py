@@ -9,7 +9,7 @@ import json
 from ..engine.errors import UserError
 from .args import threads
 from .cmd_chat import apply_threads, note
-from .cmd_plan import add_placement_arguments, plan_request
+from .args import add_placement_arguments, plan_request
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import os
 
-    from ..engine.calibrate import DEFAULT_BUDGET, calibrate, calibration_path, read_calibration
-    from ..engine.model import resolve_model_path
+    from ..engine.plan.calibration import calibration_path, read_calibration
+    from ..engine.tune.calibrate import DEFAULT_BUDGET, calibrate
+    from ..engine.loader import resolve_model_path
     from .progress import StepProgress
 
     if args.tokens < args.segment:
@@ -43,7 +44,7 @@ def run(args) -> int:
     # a bar on a terminal, plain lines in a log or pipe; --json keeps stderr for errors
     with StepProgress(enabled=not args.json) as prog:
         if args.model == "bench":
-            from ..engine.bench import bench_model_path
+            from ..engine.tune.bench import bench_model_path
 
             path = bench_model_path(progress=prog)
         else:

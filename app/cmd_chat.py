@@ -9,57 +9,7 @@ import threading
 
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
-from .args import threads
-from .cmd_plan import add_placement_arguments, plan_request
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
-    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
-    p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
-    p.add_argument("--critical", type=_critical_arg, default=None, metavar="R|auto",
-                   help="residual split with R critical experts per token (R > k means k), or 'auto': "
-                        "UMIA picks them per token and layer (the default of -p and the TUI)")
-    p.add_argument("--precision", choices=("split", "full"), default=None,
-                   help="full: the source weights as they are (no residual split)")
-    add_placement_arguments(p)
-
-
-def _critical_arg(v: str) -> int | str:
-    if v == "auto":
-        return v
-    try:
-        r = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of experts or 'auto', got {v!r}") from None
-    if r < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return r
-
-
-def critical_setting(args, default_split: bool):
-    """-> r (int), "auto" (UMIA), or None for full precision. default_split: what no flag means."""
-    if args.precision == "full" and args.critical is not None:
-        raise UserError("--precision full and --critical exclude each other")
-    if args.precision == "full":
-        return None
-    if args.critical is not None:
-        return args.critical
-    if args.precision == "split" or default_split:
-        return "auto"  # UMIA: the calibrated profile of this model and machine, else the default
-    return None
-
-
-def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=float, default=None, help="temperature (0 = greedy; default 0.7)")
-    p.add_argument("--top-k", type=int, default=None, help="top-k (0 = off; default 40)")
-    p.add_argument("--top-p", type=float, default=None, help="top-p (default 0.9)")
-    p.add_argument("--min-p", type=float, default=None, help="min-p (default 0.05)")
-    p.add_argument("--repeat-penalty", type=float, default=None, help="repeat penalty (default 1.0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
-    p.add_argument("--max-tokens", "-n", type=int, default=None, help="maximum tokens to generate (default 512)")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+from .args import add_model_arguments, add_sampling_arguments, critical_setting, plan_request, remote_endpoint
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,7 +52,7 @@ def note(msg: str) -> None:
 
 
 def load_for_cli(args, quiet: bool = False, default_split: bool = False):
-    from ..engine.model import load_model
+    from ..engine.loader import load_model
     from .progress import StepProgress
 
     apply_threads(args.threads)
@@ -247,21 +197,6 @@ def run_prompt(args, prompt: str) -> int:
     if store is not None and not args.no_history:  # after the reply is out: a failed write never loses it
         _record(args, store, stored, prompt, final, system, chat.answered_by if remote else None)
     return 0
-
-
-def remote_endpoint(args):
-    """--endpoint URL, or -m naming a provider of config.toml -> its Endpoint; None: a local model.
-    What only a local model has is refused in one line."""
-    from .remote.providers import resolve
-
-    ep = resolve(args.model, getattr(args, "endpoint", None))
-    if ep is None:
-        return None
-    for flag, given in (("--raw", getattr(args, "raw", False)), ("--critical", args.critical is not None),
-                        ("--precision", args.precision is not None)):
-        if given:
-            raise UserError(f"{flag} applies to local models only, not to {ep.name or ep.base_url}")
-    return ep
 
 
 def _open_history(args):

@@ -17,8 +17,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..engine import kernels
     from ..engine.errors import UserError
-    from ..engine.model import resolve_model_path
-    from ..engine.pack import convert
+    from ..engine.loader import resolve_model_path
+    from ..engine.pack.convert import convert
     from .progress import StepProgress
 
     if args.threads is not None:

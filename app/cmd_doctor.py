@@ -68,7 +68,7 @@ def _kernel_cache() -> dict:
 
 
 def collect() -> dict:
-    from ..engine.hardware import detect
+    from ..engine.plan.hardware import detect
 
     hw = detect()
     return {

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import UserError
-from .cmd_chat import add_model_arguments, load_for_cli
+from .args import add_model_arguments
+from .cmd_chat import load_for_cli
 
 
 def add_arguments(p) -> None:
@@ -22,7 +23,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..engine.evaluate import all_logits, divergence, load_logits, perplexity, save_logits
+    from ..engine.tune.evaluate import all_logits, divergence, load_logits, perplexity, save_logits
     from .progress import StepProgress
 
     if args.text is not None:

@@ -1,7 +1,7 @@
 """`rapidmoe-chat list`: the models on this machine (the demo, GGUFs in the
 Hugging Face cache) and the RESplit packs converted from them, with sizes.
 
-Packs are GGUF files in <cache>/packs (engine/pack.py). A pack is stale when it
+Packs are GGUF files in <cache>/packs (engine/pack/convert.py). A pack is stale when it
 cannot be used any more: unreadable, an older pack format, its recorded source
 path gone or changed, or a `.partial` left without its resume record. `rm`
 of a model also removes the packs made from it (their names are keyed by the
@@ -39,7 +39,7 @@ def packs_dir() -> Path:
 def _sources() -> dict[str, str]:
     """pack file name -> model name, for every model here that has a pack name."""
     try:
-        from ..engine.pack import pack_path
+        from ..engine.pack.convert import pack_path
     except ImportError:
         return {}
     out = {}
@@ -57,7 +57,7 @@ def _pack_state(p: Path, sources: dict[str, str]) -> tuple[str, bool]:
     from ..engine.gguf.reader import GGUFFile
 
     try:
-        from ..engine.pack import PACK_VERSION
+        from ..engine.pack.convert import PACK_VERSION
     except ImportError:
         PACK_VERSION = None
     try:
@@ -105,7 +105,7 @@ def list_packs() -> list[Entry]:
 def packs_of(model_path: str) -> list[Path]:
     """The pack files (finished or partial) made from this model file."""
     try:
-        from ..engine.pack import pack_path
+        from ..engine.pack.convert import pack_path
 
         pp = pack_path(Path(model_path))
     except Exception:
@@ -115,7 +115,7 @@ def packs_of(model_path: str) -> list[Path]:
 
 
 def list_models() -> list[Entry]:
-    from ..engine.demo import DEMO_NAME, demo_cache_path
+    from ..engine.hub.demo import DEMO_NAME, demo_cache_path
 
     out = []
     demo = demo_cache_path()
@@ -124,7 +124,7 @@ def list_models() -> list[Entry]:
     else:
         out.append(Entry("demo", "demo", 0, str(demo), "built on first use"))
     try:
-        from ..engine.hub import list_cached
+        from ..engine.hub.pull import list_cached
     except ImportError:
         list_cached = None
     cached = list_cached() if list_cached else []

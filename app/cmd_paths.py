@@ -7,8 +7,8 @@ from ..engine.paths import cache_dir, config_dir, data_dir
 
 
 def locations() -> dict[str, str]:
-    from ..engine.demo import demo_cache_path
-    from ..engine.hub_cache import hub_cache_dir
+    from ..engine.hub.demo import demo_cache_path
+    from ..engine.hub.cache import hub_cache_dir
     from .cmd_list import packs_dir
     from .config import config_path
     from .store import db_path

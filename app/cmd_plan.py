@@ -8,59 +8,7 @@ import json
 import sys
 
 from ..engine.errors import UserError
-from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
-
-
-def _gib(v: str) -> float:
-    import argparse
-
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GiB, got {v!r}") from None
-    if not (x > 0 and x < 1e9):  # also refuses nan and inf
-        raise argparse.ArgumentTypeError("must be a size in GiB > 0")
-    return x
-
-
-def _gpu_list(v: str) -> list[int]:
-    import argparse
-
-    try:
-        out = [int(x) for x in v.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {v!r}") from None
-    if any(i < 0 for i in out):
-        raise argparse.ArgumentTypeError("GPU indices are >= 0")
-    return out
-
-
-def add_placement_arguments(p) -> None:
-    """The flags that shape a plan: `plan`, chat, -p, eval and bench take the same."""
-    p.add_argument("--vram-budget", type=_gib, default=None, metavar="GiB",
-                   help="VRAM to use on each GPU (default: its free VRAM)")
-    p.add_argument("--dram-budget", type=_gib, default=None, metavar="GiB",
-                   help="DRAM to use (default: available DRAM less a reserve for the OS)")
-    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1", help="GPUs to use (default: all visible)")
-    p.add_argument("--mode", choices=("gpu-residual", "gpu-partial", "cpu"), default=None,
-                   help="force a mode (default: the fastest that fits)")
-    p.add_argument("--cache-fraction", type=float, default=None, metavar="F",
-                   help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
-    p.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
-                   help=f"KV cache type (default {DEFAULT_KV_TYPE}; q8_0 halves it again, f32 is exact)")
-
-
-def plan_request(args):
-    """Parsed placement flags -> engine.plan.PlanRequest."""
-    from ..engine.hardware import GiB
-    from ..engine.plan import PlanRequest
-
-    if args.cache_fraction is not None and not 0.0 <= args.cache_fraction <= 1.0:
-        raise UserError("--cache-fraction must be within [0, 1]")
-    return PlanRequest(vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
-                       dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
-                       gpus=tuple(args.gpus) if args.gpus is not None else None, mode=args.mode,
-                       cache_fraction=args.cache_fraction, kv_type=args.kv_type)
+from .args import add_placement_arguments, plan_request
 
 
 def add_arguments(p) -> None:
@@ -73,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def load_hardware(path: str):
-    from ..engine.hardware import HardwareRecord
+    from ..engine.plan.hardware import HardwareRecord
 
     try:
         with open(path) as f:
@@ -91,10 +39,10 @@ def resolve(spec: str):
     from pathlib import Path
 
     from ..engine.errors import ModelFileError
-    from ..engine.hub_resolve import looks_local
+    from ..engine.hub.resolve import looks_local
 
     if spec in (None, "demo"):
-        from ..engine.demo import demo_model_path
+        from ..engine.hub.demo import demo_model_path
 
         return demo_model_path()
     if looks_local(str(spec)):
@@ -102,7 +50,7 @@ def resolve(spec: str):
         if not p.exists():
             raise ModelFileError(p, "no such file")
         return p
-    from ..engine.model import resolve_model_path
+    from ..engine.loader import resolve_model_path
 
     return resolve_model_path(spec)
 
@@ -110,9 +58,9 @@ def resolve(spec: str):
 def make_plan(args):
     """-> (Plan, ModelSizes) for the parsed arguments."""
     from ..engine.gguf.reader import GGUFFile
-    from ..engine.hardware import detect
-    from ..engine.plan import plan_model
-    from ..engine.plan_sizes import calibrated_frequencies, sizes_from_gguf
+    from ..engine.plan.hardware import detect
+    from ..engine.plan.planner import plan_model
+    from ..engine.plan.sizes import calibrated_frequencies, sizes_from_gguf
 
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
@@ -171,8 +119,8 @@ def pack_disk_note(sizes, hw_disk_free: int, pack_exists: bool) -> str:
 
 
 def conversion_note(cost: dict, disk_free: int) -> str:
-    """What the first use's conversion costs, before it starts (engine/pack_cost.py)."""
-    from ..engine.pack_cost import describe_cost
+    """What the first use's conversion costs, before it starts (engine/pack/cost.py)."""
+    from ..engine.pack.cost import describe_cost
 
     short = (f"; the cache dir has {_bytes(disk_free)} free: not enough"
              if disk_free and disk_free < cost["pack_bytes"] else "")
@@ -184,9 +132,9 @@ def run(args) -> int:
     p, sizes = make_plan(args)
     disk, cost = "", None
     if not args.hardware:
-        from ..engine.hardware import disk_free
-        from ..engine.pack import pack_path, source_identity
-        from ..engine.pack_cost import source_cost
+        from ..engine.plan.hardware import disk_free
+        from ..engine.pack.convert import pack_path, source_identity
+        from ..engine.pack.cost import source_cost
         from ..engine.paths import cache_dir
 
         from ..engine.gguf.reader import GGUFFile

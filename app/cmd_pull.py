@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from ..engine.hub import DEFAULT_QUANT, DownloadProgress, pull
+from ..engine.hub.pull import DEFAULT_QUANT, DownloadProgress, pull
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

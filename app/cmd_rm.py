@@ -54,7 +54,7 @@ def _remove_hf_files(files: list[Path]) -> None:
 
 def _remove(e: Entry) -> None:
     if e.kind == "hf":
-        from ..engine.hub import list_cached
+        from ..engine.hub.pull import list_cached
 
         for m in list_cached():
             if m.spec == e.name:

@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 
 from ..engine.errors import UserError
-from .cmd_chat import add_model_arguments, apply_config, load_for_cli, note
+from .args import add_model_arguments
+from .cmd_chat import apply_config, load_for_cli, note
 
 KEY_ENV = "RAPIDMOE_API_KEY"
 
@@ -62,7 +63,7 @@ def _template(path: Path | None) -> str | None:
         text = path.expanduser().read_text("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"--chat-template {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    from ..engine.chat_template import render_chat
+    from ..engine.text.chat_template import render_chat
 
     render_chat(text, [{"role": "user", "content": "hi"}], bos_token="", eos_token="")  # a broken one fails now
     return text

@@ -14,13 +14,16 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..engine.errors import UserError
 from ..engine.paths import config_dir
+
+if TYPE_CHECKING:
+    from ..engine.sampling import SamplingParams
 
 CONFIG_NAME = "config.toml"
 SAMPLING_KEYS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float,
@@ -198,3 +201,19 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
                 raise TypeError("nested tables are not written")
             out += f"\n[{_key(k)}]\n" + "".join(f"{_key(kk)} = {_value(vv)}\n" for kk, vv in v.items())
     return out
+
+
+def to_params(base: SamplingParams | None, *layers: Mapping[str, Any]) -> SamplingParams:
+    """Apply override layers in order; lists (from TOML/JSON) become tuples."""
+    if base is None:
+        from ..engine.sampling import SamplingParams  # torch: only when no model gave the defaults
+
+        base = SamplingParams()
+    p = base
+    for layer in layers:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in (layer or {}).items()}
+        if "seed" in kw and kw["seed"] is None:  # an explicit "no seed" in a chat's settings
+            p = replace(p, seed=None)
+            kw.pop("seed")
+        p = p.with_overrides(**kw)
+    return p

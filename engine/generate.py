@@ -131,7 +131,7 @@ class ChatSession(Conversation):
     across turns, so each turn processes only its new tokens."""
 
     def __init__(self, model, system: str | None = None, params: SamplingParams | None = None):
-        from .chat_template import render_chat
+        from .text.chat_template import render_chat
 
         self._render = render_chat
         self.session = Session(model, params)

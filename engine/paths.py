@@ -7,11 +7,14 @@ RAPIDMOE_CACHE_DIR.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import platformdirs
 
 APP = "rapidmoe-chat"
+_KILL_AT = int(os.environ.get("RAPIDMOE_FAULT_KILL_AT") or 0)
+_points = 0
 
 
 def _dir(env: str, default: str) -> Path:
@@ -43,3 +46,13 @@ def fsync_dir(d: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fault_point() -> None:
+    """Called before every write, fsync, rename and unlink of a conversion or a
+    calibration record. The crash tests set RAPIDMOE_FAULT_KILL_AT=N to SIGKILL
+    the process before the N-th: a kill -9 at an exact point, repeatable."""
+    global _points
+    _points += 1
+    if _points == _KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)

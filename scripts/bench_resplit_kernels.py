@@ -12,9 +12,7 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-import numpy as np
 
 CHILD = r"""
 import json, sys, time

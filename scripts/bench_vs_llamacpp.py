@@ -91,8 +91,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=0, help="context filled before each test (llama-bench -d)")
     ap.add_argument("--kv-type", choices=tuple(GGML_TYPES), default="f16")
     a = ap.parse_args()
-    from rapidmoe.engine.bench import bench_model_path
-    from rapidmoe.engine.pack import convert
+    from rapidmoe.engine.tune.bench import bench_model_path
+    from rapidmoe.engine.pack.convert import convert
 
     f16 = bench_model_path()
     q4 = f16.with_name(f16.name.replace(".f16.gguf", ".Q4_K_M.gguf"))

@@ -33,10 +33,10 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from rapidmoe.engine import kernels
-from rapidmoe.engine.calibrate import calibration_text
-from rapidmoe.engine.demo import N_EXPERT as E, demo_model_path
-from rapidmoe.engine.evaluate import divergence, perplexity
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.tune.calibrate import calibration_text
+from rapidmoe.engine.hub.demo import N_EXPERT as E, demo_model_path
+from rapidmoe.engine.tune.evaluate import divergence, perplexity
+from rapidmoe.engine.loader import load_model
 
 
 def tensor(reader_tensors, name: str) -> torch.Tensor:

@@ -37,9 +37,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from rapidmoe.engine import kernels  # noqa: E402
-from rapidmoe.engine.calibrate import calibration_path, calibration_text, load_profile, read_calibration  # noqa: E402
-from rapidmoe.engine.evaluate import all_logits, divergence  # noqa: E402
-from rapidmoe.engine.model import load_model, resolve_model_path  # noqa: E402
+from rapidmoe.engine.plan.calibration import calibration_path, load_profile, read_calibration  # noqa: E402
+from rapidmoe.engine.tune.calibrate import calibration_text  # noqa: E402
+from rapidmoe.engine.tune.evaluate import all_logits, divergence  # noqa: E402
+from rapidmoe.engine.loader import load_model, resolve_model_path  # noqa: E402
 from rapidmoe.engine.moe.resplit import FixedCritical  # noqa: E402
 from rapidmoe.engine.moe.umia import UmiaPolicy, default_profile  # noqa: E402
 
@@ -71,7 +72,7 @@ def kl(model, policy, toks, bases: dict, decode: bool = True) -> dict:
 
 def model_path(name: str):
     if name == "bench":
-        from rapidmoe.engine.bench import bench_model_path
+        from rapidmoe.engine.tune.bench import bench_model_path
 
         return bench_model_path()
     return resolve_model_path(name)

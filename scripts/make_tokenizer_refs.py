@@ -22,7 +22,6 @@ import argparse
 import ctypes
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 
@@ -125,7 +124,7 @@ def spm_vocab_kvs() -> list[tuple]:
 def vocab_kvs(vocab: str) -> list[tuple]:
     if vocab == "spm":
         return spm_vocab_kvs()
-    from rapidmoe.engine.synth_tok import tokenizer_kvs
+    from rapidmoe.engine.synth.tokenizer import tokenizer_kvs
     return [kv for kv in tokenizer_kvs(vocab) if kv[0] != "tokenizer.chat_template"]
 
 

@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as G
 
 from rapidmoe.engine import kernels
-from rapidmoe.engine.pack import convert_expert
+from rapidmoe.engine.pack.convert import convert_expert
 
 SHAPES = {  # name: (MoE layers, experts, hidden, expert FFN width, routed per token)
     "Qwen3-30B-A3B": (48, 128, 2048, 768, 8),

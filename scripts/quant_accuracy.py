@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from rapidmoe.engine.quant import q4k_ref
+from rapidmoe.engine.quant import resplit_joint
 from rapidmoe.engine.quant import resplit_oracle as o
 
 
@@ -27,7 +28,7 @@ def table(rows: int, n: int, seed: int) -> list[dict]:
                     ("student-t4", rng.standard_t(4, (rows, n)))):
         w = (w * 0.02).astype(np.float32)
         q4k = rel_rmse(w, gguf_dequantize(q4k_ref.quantize_q4k(w), GGMLQuantizationType.Q4_K).reshape(w.shape))
-        wq, wr = o.quantize_wq_wr(w)
+        wq, wr = resplit_joint.quantize_wq_wr(w)
         dq = o.dequantize_wq(wq, n)
         out.append({
             "weights": name,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rapidmoe.engine.calibrate import calibration_text
-from rapidmoe.engine.evaluate import divergence
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.tune.calibrate import calibration_text
+from rapidmoe.engine.tune.evaluate import divergence
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.moe.umia import UmiaPolicy
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 def logits(model, toks, decode: bool, policy=None) -> np.ndarray:

@@ -1,6 +1,6 @@
 """A seeded corpus of damaged model files for the fuzz tests.
 
-Base files are the synthetic models (engine/synth*.py, every architecture) with
+Base files are the synthetic models (engine/synth/, every architecture) with
 a small slice of a real vocabulary, so each is a few hundred KB and loads in a
 fraction of a second; the demo can be added as a base too. Each corpus file is
 one base with one mutation: structural (a tensor dropped, renamed, reshaped,
@@ -133,7 +133,7 @@ def small_vocab(n: int = 640) -> tuple:
     real byte-level BPE tokenizer small enough for many tiny files."""
     from gguf import GGUFValueType
 
-    from rapidmoe.engine.synth_tok import tokenizer_kvs
+    from rapidmoe.engine.synth.tokenizer import tokenizer_kvs
 
     kvs = tokenizer_kvs("smollm2")
     tokens = dict((k, v) for k, v, _, _ in kvs)["tokenizer.ggml.tokens"][:n]
@@ -157,7 +157,7 @@ BASES = (("qwen3moe", {}), ("qwen2moe", {}), ("llama_moe", {}), ("olmoe", {}), (
 
 
 def synth_doc(preset: str, seed: int = 0, **kw) -> Doc:
-    from rapidmoe.engine import synth
+    from rapidmoe.engine.synth import model as synth
 
     plan = synth.plan_synthetic(preset, tokenizer=small_vocab(), **kw)
     kvs = [KV("general.architecture", STR, plan.arch)]

@@ -17,7 +17,7 @@ CASES: dict[str, object] = {
     "llama_moe": ("llama_moe", "f32"),
     "olmoe": ("olmoe", "f32"),
     "qwen3moe_f16": ("qwen3moe", "f16"),
-    # deepseek2 (engine/synth_deepseek2.py): V2-Lite, V3 with and without expert
+    # deepseek2 (engine/synth/deepseek2.py): V2-Lite, V3 with and without expert
     # groups, V3 in the legacy attn_kv_b layout, V3 with an MTP block, Lite with
     # the per-position query temperature
     "ds2_lite": ("ds2_lite", "f32"),
@@ -61,7 +61,7 @@ REFS = Path(__file__).resolve().parent / "refs"
 
 def quant_base(preset: str, tmp: Path) -> Path:
     """The f32 file llama.cpp quantizes for `preset`."""
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.synth.model import write_synthetic
 
     path = tmp / f"{preset}_f32_wide.gguf"
     if not path.exists():
@@ -122,7 +122,7 @@ def strip_quantized(full: Path, out: Path) -> Path:
 def _f32_part(preset: str):
     """What the test file takes from the f32 synthetic file of `preset` (the same
     bytes write_synthetic writes): tokenizer key/values, tensor order, F32 tensors."""
-    from rapidmoe.engine import synth
+    from rapidmoe.engine.synth import model as synth
 
     plan = synth.plan_synthetic(preset, dtype="f32", **QUANT_SHAPE[preset])
     tok = [kv for kv in plan.kvs if kv[0].startswith("tokenizer.")]
@@ -149,10 +149,10 @@ def build_case(name: str, tmp: Path) -> Path:
     if isinstance(case, tuple) and case[0] == "quant":
         return assemble_quantized(REFS / f"quant_{name}.gguf", case[1], tmp / f"{name}.gguf")
     if case == "demo":
-        from rapidmoe.engine.demo import demo_model_path
+        from rapidmoe.engine.hub.demo import demo_model_path
 
         return demo_model_path()
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.synth.model import write_synthetic
 
     preset, dtype = case
     return write_synthetic(tmp / f"{name}.gguf", preset, seed=SEED, dtype=dtype)

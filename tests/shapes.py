@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from rapidmoe.engine import synth_deepseek2
+from rapidmoe.engine.synth import deepseek2 as synth_deepseek2
 from rapidmoe.engine.gguf.writer import TensorSlot, build_header, encode_kv
 
 # DeepSeek-V3/R1-671B: 61 layers (3 dense), 256 experts of 2048, top-8, MLA, 129K vocab

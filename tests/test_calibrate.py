@@ -8,13 +8,23 @@ import os
 import numpy as np
 import pytest
 
-from rapidmoe.engine.calibrate import (CALIB_VERSION, Calibrator, _fit_threshold, _predicted, calibrate,
-                                       calibration_path, calibration_text, candidate_profiles, fixed_choose, fixed_fit,
-                                       layer_sensitivity, load_profile, sensitivity_alphas)
-from rapidmoe.engine.latency import LatencyModel, decode_points, line, split_decode
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.plan.calibration import CALIB_VERSION, calibration_path, load_profile
+from rapidmoe.engine.tune.calibrate import (
+    Calibrator,
+    _fit_threshold,
+    _predicted,
+    calibrate,
+    calibration_text,
+    candidate_profiles,
+    fixed_choose,
+    fixed_fit,
+    layer_sensitivity,
+    sensitivity_alphas,
+)
+from rapidmoe.engine.tune.latency import LatencyModel, decode_points, line, split_decode
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.moe.umia import UmiaProfile
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 K = 8
 # decode: 1 ms per layer at r = 0, +0.25 ms per critical expert; 4 ms of attention etc.
@@ -140,7 +150,7 @@ def test_calibrate_times_the_step_the_plan_runs(tiny, tmp_path, monkeypatch, cap
     and the record names the plan; `auto` on that plan takes the profile silently,
     on another plan with a note. `calibrate --mode cpu` times the CPU step."""
     from rapidmoe.app.cli import main
-    from rapidmoe.engine.plan import PlanRequest
+    from rapidmoe.engine.plan.planner import PlanRequest
 
     monkeypatch.setenv("RAPIDMOE_STANDIN_GPU", "24")
     monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))  # tiny's own record stays as it is
@@ -258,7 +268,7 @@ def test_kill_9_in_calibrate_leaves_the_old_record_or_the_new_one(tiny, tmp_path
     import sys
 
     from rapidmoe.app.cli import main
-    from rapidmoe.engine import pack
+    from rapidmoe.engine import paths
 
     monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "k.gguf"
@@ -270,12 +280,12 @@ def test_kill_9_in_calibrate_leaves_the_old_record_or_the_new_one(tiny, tmp_path
         assert json.loads(path.read_text()) == json.loads(json.dumps(rec))
         assert not list(path.parent.glob(".*.tmp"))
 
-    before = pack._steps
+    before = paths._points
     run()  # the first: converts, then writes the record
-    n_first = pack._steps - before
-    before = pack._steps
+    n_first = paths._points - before
+    before = paths._points
     run()  # the pack is there now: the record's steps alone
-    n_commit = pack._steps - before
+    n_commit = paths._points - before
     # create, write, fsync, rename, directory fsync
     assert n_commit == 5 and n_first > n_commit + 10
     cli = [sys.executable, "-m", "rapidmoe.app.cli", "calibrate", "-m", str(src), "--tokens", "32", "--segment", "32"]

@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from rapidmoe.engine.chat_template import default_template, render_chat
+from rapidmoe.engine.text.chat_template import default_template, render_chat
 from rapidmoe.engine.errors import UserError
 from test_tokenizer import case, real_metadata
 

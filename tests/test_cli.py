@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 def cli(*args, input=None, cwd=None, env=None):

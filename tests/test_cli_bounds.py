@@ -76,7 +76,7 @@ def test_config_file_that_is_not_utf8(model, capsys):
 
 
 def test_calibrate_show_on_a_damaged_record(model, capsys):
-    from rapidmoe.engine.calibrate import CALIB_VERSION, calibration_path
+    from rapidmoe.engine.plan.calibration import CALIB_VERSION, calibration_path
 
     rec = calibration_path(model)
     rec.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from gguf import GGUFWriter
 
 from rapidmoe.app.cli import main
 from rapidmoe.app.cmd_list import PACK_SOURCE_KEY, packs_dir
-from rapidmoe.engine.pack import PACK_VERSION, pack_path
+from rapidmoe.engine.pack.convert import PACK_VERSION, pack_path
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapidmoe.engine import cuda_build, kernels
+from rapidmoe.engine.gpu import cuda_build
+from rapidmoe.engine import kernels
 from rapidmoe.engine.quant import resplit_oracle as oracle
 
 SRC = Path(__file__).resolve().parent.parent / "csrc" / "cuda"
@@ -34,7 +35,7 @@ def test_nvcc_compiles(src, arch, tmp_path):
     cuda_build.nvcc_compile(NVCC, src, arch, out)
     data = out.read_bytes()
     assert data[:4] == b"\x7fELF" and len(data) > 1000
-    from rapidmoe.engine.gpu.kernels import _SIGS
+    from rapidmoe.engine.gpu.cuda_kernels import _SIGS
 
     for name in [n for n, (mod, _) in _SIGS.items() if mod == src.stem]:
         assert name.encode() in data  # extern "C": the driver finds it by this name
@@ -126,7 +127,7 @@ def test_nvrtc_compiles_when_present(monkeypatch, tmp_path):
     paths = cuda_build.build(90, prefer="nvrtc")
     assert set(paths) == set(cuda_build.MODULES)
     assert all(p.read_bytes()[:4] == b"\x7fELF" for p in paths.values())
-    from rapidmoe.engine.gpu.kernels import _SIGS
+    from rapidmoe.engine.gpu.cuda_kernels import _SIGS
 
     for name, (mod, _) in _SIGS.items():
         assert name.encode() in paths[mod].read_bytes()
@@ -153,10 +154,10 @@ def _rel(a, b) -> float:
 # ---------------------------------------------------------------- engine/gpu through the emulator
 @pytest.fixture(scope="module")
 def emulated_gpu(tmp_path_factory):
-    """engine/gpu/kernels.py with its launches going to the emulation library."""
+    """engine/gpu/cuda_kernels.py with its launches going to the emulation library."""
     from emulator import build_emulator
 
-    from rapidmoe.engine.gpu import kernels as gk
+    from rapidmoe.engine.gpu import cuda_kernels as gk
 
     gk.use_emulator(str(build_emulator(tmp_path_factory.mktemp("emulib"))))
     yield gk
@@ -164,7 +165,7 @@ def emulated_gpu(tmp_path_factory):
 
 
 def test_gpu_kernel_wrappers_emulated(emulated_gpu):
-    """The real kernels through engine/gpu/kernels.py (argument packing, grids,
+    """The real kernels through engine/gpu/cuda_kernels.py (argument packing, grids,
     layouts), every rows-per-warp variant: rows not a multiple of a CTA's, lanes
     looping twice over a row (H = 1056), slots sharing experts and tokens."""
     gk = emulated_gpu
@@ -353,7 +354,7 @@ def test_schedule_on_emulated_gpu(emulated_gpu, T, r, cached, monkeypatch):
     slot on the device (r=0, all cached) only the GPU's own rounding is left; with
     CPU slots in the mix the CPU kernels' int8 activations (~1%) come in too. In
     prefill each used expert's W_Q gate/up is dequantized once, critical or not."""
-    from rapidmoe.engine.gpu import kernels as gk
+    from rapidmoe.engine.gpu import cuda_kernels as gk
     from rapidmoe.engine.gpu.device import EmulatedGpuDevice
     from rapidmoe.engine.gpu.reference import split_layer_reference
     from rapidmoe.engine.gpu.schedule import SplitSchedule

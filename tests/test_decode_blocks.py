@@ -264,9 +264,9 @@ def test_decode_attn_block_quantized_projections():
 
 @pytest.fixture(scope="module")
 def synth_models(tmp_path_factory):
-    from rapidmoe.engine.model import load_model
-    from rapidmoe.engine.plan import PlanRequest
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.loader import load_model
+    from rapidmoe.engine.plan.planner import PlanRequest
+    from rapidmoe.engine.synth.model import write_synthetic
 
     d = tmp_path_factory.mktemp("chain")
     cache = {}
@@ -282,7 +282,8 @@ def synth_models(tmp_path_factory):
 
 def block_by_block(net, tok, pos, cache, policy):
     """One decode token through each block's own call (its fused halves where they fuse)."""
-    from rapidmoe.engine.models.common import embed, linear
+    from rapidmoe.engine.models.common import embed
+    from rapidmoe.engine.ops import linear
     from rapidmoe.engine.step import Step
 
     st = Step(policy=policy, prefill=False)

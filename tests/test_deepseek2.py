@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from parity_cases import PROMPT
-from rapidmoe.engine.config import config_from_metadata
+from rapidmoe.engine.hparams import config_from_metadata
 from rapidmoe.engine.errors import ModelFileError
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.models.common import rms_norm
 from rapidmoe.engine.kv_types import kv_bytes, kv_values_per_token
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 REFS = Path(__file__).parent / "refs"
 SEED = 1234  # the parity cases' seed: the llama.cpp references apply
@@ -77,7 +77,7 @@ def test_v3_config_values():
 def test_gating_default_as_llama_cpp():
     """Files without expert_gating_func: softmax (DeepSeek-V2), except the
     GLM-4.7-Flash shape, where llama.cpp assumes sigmoid."""
-    from rapidmoe.engine.config import GATING_SIGMOID, GATING_SOFTMAX
+    from rapidmoe.engine.hparams import GATING_SIGMOID, GATING_SOFTMAX
 
     meta = v3_metadata(block_count=47, nextn_predict_layers=0)
     del meta["deepseek2.expert_gating_func"]

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from rapidmoe.engine import demo
+from rapidmoe.engine.hub import demo
 from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
 from rapidmoe.engine.sampling import SamplingParams
@@ -123,7 +123,7 @@ def test_wrong_source_file_is_refused(tmp_path):
 def test_concurrent_first_use_builds_once(tmp_path):
     # Two processes race on an empty cache: one builds, the other waits on the
     # lock and then finds the file; both get the same path.
-    code = ("from rapidmoe.engine.demo import demo_model_path\n"
+    code = ("from rapidmoe.engine.hub.demo import demo_model_path\n"
             "b = []\n"
             "p = demo_model_path(progress=lambda f, m: b.append(f))\n"
             "print(p, 'built' if b else 'cached')\n")

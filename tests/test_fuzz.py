@@ -93,7 +93,7 @@ def test_mutated_synthetic_files_end_cleanly(synth_corpus):
 
 
 def test_mutated_demo_files_end_cleanly(tmp_path):
-    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.hub.demo import demo_model_path
 
     demo = file_doc(demo_model_path(), "demo")
     files = write_corpus(tmp_path, [demo], N_DEMO, seed=SEED, mutations=HEADER_MUTATIONS, prefix="demo")

@@ -10,9 +10,9 @@ import torch
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.events import Finished, PromptProcessed, TextDelta
 from rapidmoe.engine.generate import ChatSession, Session
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.sampling import Sampler, SamplingParams
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 

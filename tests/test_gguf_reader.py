@@ -13,8 +13,8 @@ import torch
 from gguf_edit import rewrite
 from rapidmoe.engine.errors import ModelFileError
 from rapidmoe.engine.gguf.reader import GGUFFile, read_metadata
-from rapidmoe.engine.model import load_model
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.loader import load_model
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,7 @@ def test_spm_pieces_that_split_a_character(tmp_path, good):
     """SentencePiece vocabularies of older conversions carry pieces that are half a
     UTF-8 character; two of them still make one: the pieces are the raw bytes, as
     llama.cpp renders them, and only the text they decode to is UTF-8."""
-    from rapidmoe.engine.tokenizer import Tokenizer
+    from rapidmoe.engine.text.tokenizer import Tokenizer
 
     pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + \
              ["\u2581caf".encode(), b"\xc3", b"\xa9", "\u2581na".encode(), b"\xc3\xaf", b"ve"]

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 import pytest
 
-from rapidmoe.engine.evaluate import divergence
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.tune.evaluate import divergence
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.moe.umia import UmiaPolicy
-from rapidmoe.engine.plan import PlanRequest
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.plan.planner import PlanRequest
+from rapidmoe.engine.synth.model import write_synthetic
 
 STANDIN = {"RAPIDMOE_STANDIN_GPU": "24"}
 # The stand-in runs the CPU split path's per-row arithmetic (its decode kernels):
@@ -202,7 +202,7 @@ def test_two_standin_gpus_split_the_layers_as_planned(files, monkeypatch):
 
 
 def test_a_plan_that_does_not_fit_is_refused_before_converting(files, tmp_path):
-    from rapidmoe.engine.pack import pack_path
+    from rapidmoe.engine.pack.convert import pack_path
 
     # a model no test converted before (packs are keyed by content, not path)
     src = write_synthetic(tmp_path / "fresh.gguf", "qwen3moe", seed=4, dtype="f16")
@@ -274,7 +274,7 @@ def test_product_device_script_runs_on_the_standin(tmp_path):
 def emulated_kernels(tmp_path_factory):
     from emulator import build_emulator
 
-    from rapidmoe.engine.gpu import kernels as gk
+    from rapidmoe.engine.gpu import cuda_kernels as gk
 
     gk.use_emulator(str(build_emulator(tmp_path_factory.mktemp("emu"))))
     yield gk
@@ -313,7 +313,7 @@ def test_the_plan_counts_what_the_gpu_placement_makes(tmp_path, arch, dtype, mon
     gpu = load_model(src, n_ctx=32, critical=2)
     _assert_plan_counts_what_was_placed(gpu)
     from rapidmoe.engine.gguf.reader import GGUFFile
-    from rapidmoe.engine.plan_sizes import sizes_from_gguf
+    from rapidmoe.engine.plan.sizes import sizes_from_gguf
 
     with GGUFFile(src) as g:
         s = sizes_from_gguf(g)

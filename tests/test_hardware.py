@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rapidmoe.engine import hardware
-from rapidmoe.engine.hardware import GPUInfo, HardwareRecord, parse_nvidia_smi, visible_devices
-from rapidmoe.engine.hardware_cgroup import cgroup_cpu_limit, cgroup_memory
+from rapidmoe.engine.plan import hardware
+from rapidmoe.engine.plan.hardware import GPUInfo, HardwareRecord, parse_nvidia_smi, visible_devices
+from rapidmoe.engine.plan.cgroup import cgroup_cpu_limit, cgroup_memory
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -132,7 +132,7 @@ def test_amx_probe_returns_a_bool_and_survives_a_faulting_child():
 
 
 def test_forced_isa_is_reported_with_the_reason():
-    code = ("import json; from rapidmoe.engine.hardware import cpu_kernel_path; "
+    code = ("import json; from rapidmoe.engine.plan.hardware import cpu_kernel_path; "
             "print(json.dumps(cpu_kernel_path()))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RAPIDMOE_ISA": "scalar"},
                          capture_output=True, text=True, check=True).stdout

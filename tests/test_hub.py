@@ -20,8 +20,8 @@ from hub_server import FakeHub, serve_repo  # noqa: E402
 
 from rapidmoe.app.cli import main  # noqa: E402
 from rapidmoe.engine.errors import UserError  # noqa: E402
-from rapidmoe.engine.hub import list_cached, pull, resolve  # noqa: E402
-from rapidmoe.engine.hub_resolve import group_ggufs, parse_spec, quant_label  # noqa: E402
+from rapidmoe.engine.hub.pull import list_cached, pull, resolve  # noqa: E402
+from rapidmoe.engine.hub.resolve import group_ggufs, parse_spec, quant_label  # noqa: E402
 
 REPO = "org/Tiny-MoE-GGUF"
 
@@ -143,7 +143,7 @@ def test_shares_the_cache_with_huggingface_hub(hub):
     """huggingface_hub's own downloader finds our files, and we find its: one copy either way."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    from rapidmoe.engine.hub_cache import hub_cache_dir
+    from rapidmoe.engine.hub.cache import hub_cache_dir
 
     ours = pull(REPO)
     theirs = hf_hub_download(REPO, "Tiny-MoE-Q4_K_M.gguf", cache_dir=hub_cache_dir(), endpoint=hub.endpoint)
@@ -241,7 +241,7 @@ def test_corrupt_download_is_rejected(hub, tmp_path):
 
 
 def test_checksum_error_names_the_file(hub, tmp_path):
-    from rapidmoe.engine.hub_download import fetch_blob
+    from rapidmoe.engine.hub.download import fetch_blob
 
     digest = hashlib.sha256(Q4).hexdigest()
     hub.blobs[digest] = Q4[:-1] + b"!"

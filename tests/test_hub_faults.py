@@ -24,7 +24,7 @@ from hub_server import black_hole, serve_repo  # noqa: E402
 
 from rapidmoe.app.cli import main  # noqa: E402
 from rapidmoe.engine.errors import UserError  # noqa: E402
-from rapidmoe.engine.hub import list_cached, pull, resolve  # noqa: E402
+from rapidmoe.engine.hub.pull import list_cached, pull, resolve  # noqa: E402
 
 REPO, FILES, Q4 = th.REPO, th.FILES, th.Q4
 Q4_SHA = hashlib.sha256(Q4).hexdigest()
@@ -124,7 +124,7 @@ def test_a_bad_timeout_setting_is_one_line(hub, monkeypatch, capsys):
     assert "RAPIDMOE_HUB_TIMEOUT must be a number of seconds" in pull_fails(capsys)
 
 
-PULL = ("import sys; from rapidmoe.engine.hub import pull; "
+PULL = ("import sys; from rapidmoe.engine.hub.pull import pull; "
         "print(pull(sys.argv[1])[0])")
 
 

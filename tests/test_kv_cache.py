@@ -174,9 +174,9 @@ def _decode_logits(model, tokens):
 def test_models_run_each_cache_type_close_to_f32(tmp_path, arch, shape):
     """Prefill, then decode through the fused CPU blocks (qwen3moe's per-head q/k norms,
     olmoe's over the whole projections) and MLA (deepseek2)."""
-    from rapidmoe.engine.model import load_model
-    from rapidmoe.engine.plan import PlanRequest
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.loader import load_model
+    from rapidmoe.engine.plan.planner import PlanRequest
+    from rapidmoe.engine.synth.model import write_synthetic
 
     path = write_synthetic(tmp_path / f"{arch}.gguf", arch, seed=7, dtype="f32", **shape)
     models = {t: load_model(path, n_ctx=64, critical="k", placement=PlanRequest(kv_type=t)) for t in KV_TYPES}
@@ -199,7 +199,7 @@ def _cli(*args):
 def test_plan_counts_the_chosen_type_and_refuses_what_the_model_cannot_hold(tmp_path):
     import json
 
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.synth.model import write_synthetic
 
     ok = write_synthetic(tmp_path / "ok.gguf", "qwen3moe", seed=3, dtype="f32")  # head_dim 32
     kv = {}
@@ -225,7 +225,7 @@ def test_bench_reports_the_cache_at_depth():
     rows = json.loads(r.stdout)
     assert [x["test"] for x in rows] == ["pp8 @ d40", "tg4 @ d40"]
     assert all(x["kv_type"] == "q8_0" and x["depth"] == 40 for x in rows)
-    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.hub.demo import demo_model_path
     from rapidmoe.engine.gguf.reader import GGUFFile
     from rapidmoe.engine.kv_types import kv_values_per_token
     from rapidmoe.engine.gguf.validate import check_model

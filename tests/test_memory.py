@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent("""
     import json, psutil
     from rapidmoe.engine.generate import ChatSession
     from rapidmoe.engine.memory import release_freed
-    from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.loader import load_model
     from rapidmoe.engine.sampling import SamplingParams
 
     rss = lambda: psutil.Process().memory_info().rss

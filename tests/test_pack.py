@@ -13,14 +13,14 @@ import torch
 from rapidmoe.engine import kernels
 from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.model import load_model
-from rapidmoe.engine.pack import convert, pack_path, source_identity, verify_pack
+from rapidmoe.engine.loader import load_model
+from rapidmoe.engine.pack.convert import convert, pack_path, source_identity, verify_pack
 
 
 def ident(path):
     with GGUFFile(path) as g:
         return source_identity(g)
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 @pytest.fixture()
@@ -182,11 +182,11 @@ def test_a_copy_of_the_source_uses_the_same_pack_and_the_source_is_opened_once(s
 
 
 def test_a_pack_damaged_on_disk_is_caught_at_load_and_rebuilt(src):
-    from rapidmoe.engine import pack
+    from rapidmoe.engine import paths
 
-    before = pack._steps
+    before = paths._points
     out = convert(src)
-    n_steps = pack._steps - before
+    n_steps = paths._points - before
     clean = out.read_bytes()
     with open(out, "r+b") as f:  # its last 75% zeroed, size and header intact
         f.seek(len(clean) // 4)
@@ -194,7 +194,7 @@ def test_a_pack_damaged_on_disk_is_caught_at_load_and_rebuilt(src):
     with pytest.raises(ModelFileError, match="checksum mismatch"):
         verify_pack(out, ident(src)).close()
     # a rebuild killed half-way leaves no pack, only what the next run resumes
-    child = "import sys; from rapidmoe.engine.pack import convert; convert(sys.argv[1])"
+    child = "import sys; from rapidmoe.engine.pack.convert import convert; convert(sys.argv[1])"
     r = subprocess.run([sys.executable, "-c", child, str(src)], capture_output=True, timeout=300,
                        env=dict(os.environ, RAPIDMOE_FAULT_KILL_AT=str(1 + 2 * n_steps // 3)))
     assert r.returncode == -9 and not out.exists() and out.with_name(out.name + ".partial").exists()
@@ -220,15 +220,15 @@ def test_kill_9_anywhere_in_convert_then_the_next_run_works(src, tmp_path, monke
     run gives the same bytes as an uninterrupted one."""
     import random
 
-    from rapidmoe.engine import pack
+    from rapidmoe.engine import paths
 
-    before = pack._steps
+    before = paths._points
     ref = convert(src)
-    clean, n_steps = ref.read_bytes(), pack._steps - before
+    clean, n_steps = ref.read_bytes(), paths._points - before
     ref.unlink()
     # 5 seeded random points, and the commit: checksum table, magic, rename, record removal, directory fsync
     points = sorted(set(random.Random(20).sample(range(1, n_steps - 8), 5)) | {n_steps - k for k in (6, 4, 2, 1, 0)})
-    child = "import sys; from rapidmoe.engine.pack import convert; convert(sys.argv[1])"
+    child = "import sys; from rapidmoe.engine.pack.convert import convert; convert(sys.argv[1])"
     for i, k in enumerate(points):
         cache = tmp_path / f"kill{k}"
         env = dict(os.environ, RAPIDMOE_CACHE_DIR=str(cache), RAPIDMOE_FAULT_KILL_AT=str(k))
@@ -251,7 +251,7 @@ def test_list_names_the_model_a_pack_serves_when_its_first_source_is_gone(src, c
     import json
 
     from rapidmoe.app.cli import main
-    from rapidmoe.engine.demo import demo_cache_path
+    from rapidmoe.engine.hub.demo import demo_cache_path
 
     out = convert(src)
     demo = demo_cache_path()  # the same bytes as the demo of this (per-test) cache dir

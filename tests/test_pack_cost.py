@@ -10,10 +10,10 @@ import pytest
 from rapidmoe.app.cli import main
 from rapidmoe.app.tui.loading import ConversionClock
 from rapidmoe.app.tui.model_picker import available_models, recommended_models
-from rapidmoe.engine import pack_cost
-from rapidmoe.engine.demo import demo_cache_path
-from rapidmoe.engine.pack import convert
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.pack import cost as pack_cost
+from rapidmoe.engine.hub.demo import demo_cache_path
+from rapidmoe.engine.pack.convert import convert
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 @pytest.fixture()

@@ -57,8 +57,8 @@ def _log_softmax(x):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from rapidmoe.engine.model import load_model
-    from rapidmoe.engine.plan import PlanRequest
+    from rapidmoe.engine.loader import load_model
+    from rapidmoe.engine.plan.planner import PlanRequest
 
     tmp = tmp_path_factory.mktemp("parity")
     cache = {}

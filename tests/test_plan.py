@@ -15,13 +15,13 @@ import pytest
 from shapes import with_types, write_shape_only, write_v3_shape
 
 from rapidmoe.app.cli import main
-from rapidmoe.engine import synth_arch
+from rapidmoe.engine.synth import arch as synth_arch
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.hardware import GiB, GPUInfo, HardwareRecord
+from rapidmoe.engine.plan.hardware import GiB, GPUInfo, HardwareRecord
 from rapidmoe.engine.kv_types import KV_TYPES
-from rapidmoe.engine.plan import CUDA_CONTEXT_BYTES, dram_reserve_bytes, plan
-from rapidmoe.engine.plan_sizes import load_expert_frequencies, sizes_from_gguf
+from rapidmoe.engine.plan.planner import CUDA_CONTEXT_BYTES, dram_reserve_bytes, plan
+from rapidmoe.engine.plan.sizes import load_expert_frequencies, sizes_from_gguf
 
 GB = 10**9
 
@@ -81,8 +81,8 @@ def check_consistent(p, hw: HardwareRecord):
 
 def test_sizes_match_a_real_pack(tmp_path):
     """The planner's per-expert bytes are the pack converter's: convert a tiny model and compare."""
-    from rapidmoe.engine.pack import convert
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.pack.convert import convert
+    from rapidmoe.engine.synth.model import write_synthetic
 
     src = write_synthetic(tmp_path / "tiny.gguf", "qwen3moe", seed=3) or tmp_path / "tiny.gguf"
     s = sizes_of(src)
@@ -102,8 +102,8 @@ def test_sizes_match_a_real_pack(tmp_path):
         mapped = sum(c.bytes for c in p.components if "mmapped" in c.name)
         assert mapped == sum(x.nbytes for x in t.values() if x.name != "rapidmoe.pack.crc32")
     # ... and what load_model maps and allocates for that plan
-    from rapidmoe.engine.bench import resident_model_bytes
-    from rapidmoe.engine.model import load_model
+    from rapidmoe.engine.tune.bench import resident_model_bytes
+    from rapidmoe.engine.loader import load_model
 
     m = load_model(src, n_ctx=256, critical="k")
     assert resident_model_bytes(m) == mapped
@@ -261,8 +261,8 @@ def _hw_file(tmp_path) -> Path:
 RSS_CHILD = r"""
 import json, sys
 import numpy as np, torch
-from rapidmoe.engine.model import load_model
-from rapidmoe.engine.plan_sizes import use_planned_allocator
+from rapidmoe.engine.loader import load_model
+from rapidmoe.engine.plan.sizes import use_planned_allocator
 
 if sys.argv[3] == "planned":
     assert use_planned_allocator()
@@ -293,8 +293,8 @@ def test_cpu_plan_matches_what_the_engine_allocates():
     import subprocess
     import sys
 
-    from rapidmoe.engine.demo import demo_model_path
-    from rapidmoe.engine.hardware import detect
+    from rapidmoe.engine.hub.demo import demo_model_path
+    from rapidmoe.engine.plan.hardware import detect
 
     ctx = 1024
     p = plan(sizes_of(demo_model_path()), detect(amx=False), ctx, mode="cpu")  # what the CPU engine runs

@@ -2,10 +2,10 @@
 fits / does not fit decided by `plan` on the machine's record."""
 from __future__ import annotations
 
-from rapidmoe.engine.config import config_from_metadata
-from rapidmoe.engine.hardware import GPUInfo, HardwareRecord
-from rapidmoe.engine.plan_sizes import expert_part_bytes
-from rapidmoe.engine.recommend import recommendations
+from rapidmoe.engine.hparams import config_from_metadata
+from rapidmoe.engine.plan.hardware import GPUInfo, HardwareRecord
+from rapidmoe.engine.plan.sizes import expert_part_bytes
+from rapidmoe.engine.plan.recommend import recommendations
 
 GB = 10**9
 

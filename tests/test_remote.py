@@ -68,7 +68,7 @@ def test_models_come_from_the_provider(srv):
 
 
 def test_reasoning_field_comes_back_as_inline_thinking(srv):
-    from rapidmoe.app.tui.think import split_think
+    from rapidmoe.app.think import split_think
 
     chat = RemoteChat(ep(srv), params=GREEDY, extra_body={"chat_template_kwargs": {"think": True}})
     final = run(chat)[-1]

@@ -10,6 +10,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from rapidmoe.engine import kernels
 from rapidmoe.engine.quant import q4k_ref
+from rapidmoe.engine.quant import resplit_joint
 from rapidmoe.engine.quant import resplit_oracle as o
 
 ROWS = (96, 576, 768, 1408, 2048, 7168)
@@ -104,7 +105,7 @@ def _cases():
 def test_cpp_quantizers_match_oracle_bit_for_bit(name, w):
     n = w.shape[-1]
     q, r = kernels.resplit_quantize_wq_wr(w)
-    q0, r0 = o.quantize_wq_wr(w)
+    q0, r0 = resplit_joint.quantize_wq_wr(w)
     assert q.shape == w.shape[:-1] + (o.row_bytes("wq", n),)
     assert np.array_equal(q, q0) and np.array_equal(r, r0)
     assert np.array_equal(kernels.resplit_quantize("wq", w), o.quantize_wq(w))
@@ -145,10 +146,10 @@ def test_quantizers_same_bytes_on_every_isa_path(isa):
     if order.index(isa) > order.index(best):
         pytest.skip(f"this CPU cannot run {isa}")
     code = ("import sys; sys.path.insert(0, %r); import numpy as np; import test_resplit_formats as t; "
-            "from rapidmoe.engine import kernels; from rapidmoe.engine.quant import resplit_oracle as o; "
+            "from rapidmoe.engine import kernels; from rapidmoe.engine.quant import resplit_joint, resplit_oracle as o; "
             "assert kernels.isa_info()['active'] == %r; "
             "ok = all(np.array_equal(a, b) for _, w in t._cases() for a, b in "
-            "zip(kernels.resplit_quantize_wq_wr(w), o.quantize_wq_wr(w))); "
+            "zip(kernels.resplit_quantize_wq_wr(w), resplit_joint.quantize_wq_wr(w))); "
             "ok = ok and all(np.array_equal(kernels.resplit_quantize(f, w), getattr(o, 'quantize_' + f)(w)) "
             "for _, w in t._cases() for f in ('wq', 'd4')); "
             "print('same' if ok else 'differ')"

@@ -72,10 +72,10 @@ def test_models_lists_the_model_and_its_context(client):
 
 
 def test_chat_reply_usage_timings_and_critical_sets(client):
-    from rapidmoe.engine.chat_template import render_chat
-    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.text.chat_template import render_chat
+    from rapidmoe.engine.hub.demo import demo_model_path
     from rapidmoe.engine.gguf.reader import GGUFFile
-    from rapidmoe.engine.tokenizer import Tokenizer
+    from rapidmoe.engine.text.tokenizer import Tokenizer
 
     r = chat(client, max_tokens=5)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
@@ -412,9 +412,9 @@ def test_forced_call_mask_unit():
     import torch
 
     from rapidmoe.app.serve.constrain import HERMES, MASKED, CallConstraint, CallText
-    from rapidmoe.engine.demo import demo_model_path
+    from rapidmoe.engine.hub.demo import demo_model_path
     from rapidmoe.engine.gguf.reader import GGUFFile
-    from rapidmoe.engine.tokenizer import Tokenizer
+    from rapidmoe.engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(GGUFFile(demo_model_path()).metadata)
     (hello,), (brace,), (end,) = (tok.encode(t, add_special=False) for t in ("Hello", "{", "}"))

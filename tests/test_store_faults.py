@@ -16,7 +16,7 @@ import pytest
 
 from rapidmoe.app.cli import main
 from rapidmoe.app.store import ChatStore
-from rapidmoe.engine.chat_template import render_chat
+from rapidmoe.engine.text.chat_template import render_chat
 from rapidmoe.engine.errors import UserError
 
 HERE = Path(__file__).parent

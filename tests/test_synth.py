@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.rng import Stream
-from rapidmoe.engine.synth import FIXTURES, plan_synthetic, write_synthetic
-from rapidmoe.engine.synth_tok import tokenizer_kvs
+from rapidmoe.engine.synth.rng import Stream
+from rapidmoe.engine.synth.model import FIXTURES, plan_synthetic, write_synthetic
+from rapidmoe.engine.synth.tokenizer import tokenizer_kvs
 
 
 def sha256(path) -> str:
@@ -96,7 +96,7 @@ def test_other_seed_other_bytes(tmp_path, paths):
 
 def test_chunked_generation_gives_the_same_bytes(tmp_path, paths, monkeypatch):
     # Big tensors (the bench preset's experts) are generated a chunk at a time.
-    import rapidmoe.engine.synth as synth
+    import rapidmoe.engine.synth.model as synth
 
     monkeypatch.setattr(synth, "_CHUNK", 1000)
     assert sha256(write_synthetic(tmp_path / "c.gguf", "qwen2moe", seed=0)) == sha256(paths["qwen2moe"])

@@ -13,8 +13,8 @@ import pytest
 
 from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.gguf.reader import read_metadata
-from rapidmoe.engine.synth_tok import QWEN_DIST, QWEN_FILE, SMOLLM2_DIST, SMOLLM2_FILE, locate
-from rapidmoe.engine.tokenizer import Tokenizer
+from rapidmoe.engine.synth.tokenizer import QWEN_DIST, QWEN_FILE, SMOLLM2_DIST, SMOLLM2_FILE, locate
+from rapidmoe.engine.text.tokenizer import Tokenizer
 
 REFS = Path(__file__).parent / "refs"
 CASES = sorted(p.stem[len("tokenizer_"):] for p in REFS.glob("tokenizer_*.json")
@@ -103,7 +103,7 @@ def test_bpe_round_trip_is_exact():
 
 
 def test_a_piece_outside_the_byte_alphabet_renders_as_llama_cpp_does():
-    from rapidmoe.engine.tokenizer_bpe import byte_decode
+    from rapidmoe.engine.text.bpe import byte_decode
 
     # a byte that was not UTF-8 in the file (kept as a surrogate escape) reads as U+FFFD
     raw = b"ab\xe9"

@@ -19,7 +19,7 @@ from scripted_engine import ScriptedBackend  # noqa: E402
 from rapidmoe.app.tui.context_meter import ContextMeter  # noqa: E402
 from rapidmoe.app.tui.message import MessageView  # noqa: E402
 from rapidmoe.app.tui.status_bar import sparkline  # noqa: E402
-from rapidmoe.app.tui.think import code_blocks, split_think  # noqa: E402
+from rapidmoe.app.think import code_blocks, split_think  # noqa: E402
 from tui_helpers import SIZE, chat_app, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
 
 
@@ -426,7 +426,7 @@ def test_status_bar_keeps_the_important_fields_at_80_columns(tmp_path, monkeypat
 def test_first_screen_speaks_plainly(tmp_path):
     """A new user's first screen: a welcome that says what is happening and what to do,
     a placeholder in the input, and the engine's load notes in plain words (the notes
-    here are the ones engine/model.py and engine/pack.py log on the demo's first start)."""
+    here are the ones engine/loader.py and engine/pack/convert.py log on the demo's first start)."""
     engine_notes = ["UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)",
                     "converted 79.6 M expert weights in 16.9 s (4.7 M weights/s on 2 threads, source type Q4_1)"]
     backend = ScriptedBackend(notes=engine_notes, held={"demo"})
@@ -502,7 +502,7 @@ def test_stats_shows_what_is_loaded_and_where_with_the_real_engine(tmp_path):
     policy with the r the engine reported, and memory in use. The real engine on a tiny
     synthetic model (its timing is not under test here)."""
     from rapidmoe.app.tui.backend import EngineBackend
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.synth.model import write_synthetic
 
     src = write_synthetic(tmp_path / "s.gguf", "qwen3moe", seed=3, dtype="f16", n_layer=2)
 

@@ -64,7 +64,7 @@ def test_model_picker_settings_theme_and_rebound_keys(tmp_path):
 def test_end_to_end_with_the_real_demo_model(tmp_path):
     """The real engine: the demo model loads in a worker, answers, streams, and stops on Esc.
     Full precision here: converting the demo's residual-split pack takes a minute on a
-    small machine (engine/pack.py's tests cover it); the TUI path is the same."""
+    small machine (engine/pack/convert.py's tests cover it); the TUI path is the same."""
     from rapidmoe.app.tui.backend import EngineBackend
 
     async def main():
@@ -145,7 +145,7 @@ def test_download_from_a_local_hub_shows_progress_cancels_and_resumes(tmp_path, 
     from hub_server import FakeHub
 
     from rapidmoe.app.tui.backend import EngineBackend
-    from rapidmoe.engine.synth import write_synthetic
+    from rapidmoe.engine.synth.model import write_synthetic
 
     data = write_synthetic(tmp_path / "m.gguf", "olmoe", seed=5, dtype="f32").read_bytes()
     hub = FakeHub().start()

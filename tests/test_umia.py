@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from rapidmoe.app.cmd_chat import _critical_arg, critical_setting
-from rapidmoe.engine.calibrate import calibration_path
-from rapidmoe.engine.config import config_from_metadata
+from rapidmoe.app.args import critical_arg, critical_setting
+from rapidmoe.engine.plan.calibration import calibration_path
+from rapidmoe.engine.hparams import config_from_metadata
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.model import load_model
+from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.moe.umia import UmiaPolicy, UmiaProfile, critical_sizes, default_profile
-from rapidmoe.engine.synth import write_synthetic
+from rapidmoe.engine.synth.model import write_synthetic
 
 
 def oracle(profile: UmiaProfile, w: np.ndarray, layer: int, prefill: bool, k: int) -> np.ndarray:
@@ -103,7 +103,7 @@ def test_default_profile_on_realistic_and_uniform_routers(tmp_path):
 
 
 def test_cli_accepts_auto_and_p_defaults_to_it():
-    assert _critical_arg("auto") == "auto" and _critical_arg("3") == 3
+    assert critical_arg("auto") == "auto" and critical_arg("3") == 3
 
     class A:
         precision = None
@@ -116,7 +116,7 @@ def test_cli_accepts_auto_and_p_defaults_to_it():
 def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
     """A profile that makes every expert critical gives r = k's logits exactly;
     one that makes none critical gives r = 0's; the default lies in between."""
-    from rapidmoe.engine.calibrate import load_profile
+    from rapidmoe.engine.plan.calibration import load_profile
     from rapidmoe.engine.moe.resplit import FixedCritical
 
     src = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=4, dtype="f16", n_layer=2)

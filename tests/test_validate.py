@@ -17,8 +17,8 @@ from fuzz_corpus import ARR, I32, STR, U32, U64, KV, encode, synth_doc
 from fuzz_run import run_cli
 from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
-from rapidmoe.engine.model import load_model
-from rapidmoe.engine.plan import PlanRequest
+from rapidmoe.engine.loader import load_model
+from rapidmoe.engine.plan.planner import PlanRequest
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_llama_cpp_token_types_it_does_not_know_still_load(tmp_path, docs):
 def test_byte_tokens_whose_text_is_not_hex_render_as_llama_cpp_reads_them(tmp_path, docs):
     """Every token typed BYTE (6): llama.cpp reads "<0xNN>" with strtol and never fails;
     this was `ValueError: invalid literal for int() with base 16` on the first reply."""
-    from rapidmoe.engine.tokenizer import _byte_value
+    from rapidmoe.engine.text.tokenizer import _byte_value
 
     assert [_byte_value(t) for t in ("<0x0A>", "<0xfF>", "<0x1>", "<0xZZ>", "ab", "")] == [10, 255, 1, 0, 0, 0]
     path = write(tmp_path, set_kv(docs["qwen3moe"], "tokenizer.ggml.token_type", ARR, [6] * 640, I32))

@@ -26,7 +26,7 @@ class RemoteChat(Conversation):
 
     def _reply(self, cancel, params) -> Iterator:
         # reasoning is shown, not sent back: servers expect the answer only in the history
-        from ..tui.think import split_think
+        from ..think import split_think
 
         msgs = [{"role": m["role"], "content": m["content"]} for m in self.messages]  # not our own marks
         try:

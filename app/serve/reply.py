@@ -2,7 +2,7 @@
 
 Reasoning: `<think>...</think>` at the start of the reply, or everything up to
 `</think>` when the chat template already opened `<think>` (DeepSeek-R1, Qwen3);
-split as the TUI splits it (app/tui/think.py). Tool calls: Hermes/Qwen
+split as the TUI splits it (app/think.py). Tool calls: Hermes/Qwen
 `<tool_call>{json}</tool_call>` and DeepSeek's `<｜tool▁call▁begin｜>` blocks.
 Text that could still become a tag or a tool call is held back while streaming.
 """
@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 
-from ..tui.think import CLOSE, OPEN, _partial_tag_len, split_think
+from ..think import CLOSE, OPEN, partial_tag_len, split_think
 
 CALL_MARKERS = ("<tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -99,7 +99,7 @@ class ReplyView:
         cut = min((i for i in (content.find(m) for m in CALL_MARKERS) if i >= 0), default=-1)
         if cut >= 0:
             return content[:cut]
-        hold = max(_partial_tag_len(content, m) for m in CALL_MARKERS)
+        hold = max(partial_tag_len(content, m) for m in CALL_MARKERS)
         return content[:len(content) - hold]
 
     def _delta(self, reasoning: str, content: str) -> tuple[str, str]:

@@ -10,7 +10,8 @@ from textual.binding import Binding
 
 from ...engine.errors import UserError
 from ...engine.sampling import SamplingParams
-from ..config import Config, load_config, update_config_file
+from ..args import critical_setting, plan_request, remote_endpoint
+from ..config import Config, load_config, to_params, update_config_file
 from ..store import ChatStore
 from .backend import Backend, EngineBackend
 from .chat_screen import SCREEN_KEYS, ChatScreen
@@ -24,20 +25,6 @@ _ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "to
 
 def _css() -> str:
     return resources.files("rapidmoe.assets").joinpath("app.tcss").read_text("utf-8")
-
-
-def to_params(base: SamplingParams | None, *layers: Mapping[str, Any]) -> SamplingParams:
-    """Apply override layers in order; lists (from TOML/JSON) become tuples."""
-    p = base or SamplingParams()
-    for layer in layers:
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in (layer or {}).items()}
-        if "seed" in kw and kw["seed"] is None:  # an explicit "no seed" in a chat's settings
-            from dataclasses import replace
-
-            p = replace(p, seed=None)
-            kw.pop("seed")
-        p = p.with_overrides(**kw)
-    return p
 
 
 class ChatApp(App):
@@ -149,13 +136,9 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
         raise UserError("--ctx must be > 0")
     if backend is None:
         # the same rules as -p: UMIA's residual split unless told otherwise, placed by the plan
-        from ..cmd_chat import critical_setting
-        from ..cmd_plan import plan_request
-
         backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
     model = getattr(args, "model", None)
     if getattr(args, "endpoint", None):  # chats go through that server; -m names its model
-        from ..cmd_chat import remote_endpoint
         from ..remote.providers import endpoint_spec
 
         remote_endpoint(args)  # what only a local model has is refused in one line

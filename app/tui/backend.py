@@ -50,10 +50,10 @@ class EngineBackend:
 
     def __init__(self, critical: int | str | None = "k", placement=None):
         self.critical = critical
-        self.placement = placement  # engine.plan.PlanRequest: budgets, mode, W_Q cache fraction
+        self.placement = placement  # engine.plan.planner.PlanRequest: budgets, mode, W_Q cache fraction
 
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
-        from ...engine.model import load_model
+        from ...engine.loader import load_model
         from ..remote.providers import resolve
 
         remote = resolve(spec)  # PROVIDER[:MODEL] of config.toml, or MODEL@URL: chats go to that server

@@ -21,6 +21,7 @@ from textual.widgets import Footer, ProgressBar, Static
 
 from ...engine.errors import UserError
 from ...engine.events import Finished, PromptProcessed, TextDelta
+from ..config import to_params
 from .actions import ChatActions
 from .context_meter import ContextMeter
 from .loading import ModelLoading
@@ -167,8 +168,6 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
     def params(self):
         """Model defaults < config [sampling] < command-line flags < this chat's own settings
         (set later and on purpose, with /set or the settings screen)."""
-        from .app import to_params
-
         base = self.model.defaults if self.model else None
         return to_params(base, self.app.config.sampling, self.app.overrides,
                          self.chat.params if self.chat else {})

@@ -33,13 +33,13 @@ class LoadDone(Message):
 
 class ConversionClock:
     """Time left in a conversion: from the rate recorded on this machine (if any) until
-    the conversion has run long enough to measure its own (engine/pack_cost.py)."""
+    the conversion has run long enough to measure its own (engine/pack/cost.py)."""
 
     def __init__(self):
         self.t0, self.done0, self.rate = time.monotonic(), None, None
 
     def left(self, done: int, total: int) -> str:
-        from ...engine.pack_cost import fmt_duration, last_rate
+        from ...engine.pack.cost import fmt_duration, last_rate
 
         if self.done0 is None or done < self.done0:
             self.t0, self.done0 = time.monotonic(), done

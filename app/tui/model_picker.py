@@ -20,13 +20,13 @@ from .status_bar import fmt_bytes
 
 def available_models() -> list[tuple[str, str]]:
     """(spec, label) of what can load without a download."""
-    from ...engine.demo import DEMO_NAME, demo_cache_path
+    from ...engine.hub.demo import DEMO_NAME, demo_cache_path
 
     demo = demo_cache_path()
     built = f"{fmt_bytes(demo.stat().st_size)}" if demo.is_file() else "built on first use"
     out = [("demo", f"demo · {DEMO_NAME} · {built}{_first_use(demo) if demo.is_file() else ''}")]
     try:
-        from ...engine.hub import list_cached
+        from ...engine.hub.pull import list_cached
 
         import psutil
 
@@ -62,7 +62,7 @@ def ask_provider(name: str, entry: dict, timeout: float = 10.0) -> list[tuple[st
 
 def _first_use(path) -> str:
     """' · first use: about 25 min to convert, 17.6 GiB of disk' until the model's pack is made."""
-    from ...engine.pack_cost import first_use_label
+    from ...engine.pack.cost import first_use_label
 
     try:
         label = first_use_label(path)
@@ -73,7 +73,7 @@ def _first_use(path) -> str:
 
 def _conversion(sizes) -> str:
     """' · then about 25 min to convert, 17.6 GiB of disk' (the converter's rate on this machine)."""
-    from ...engine.pack_cost import fmt_duration, sizes_cost
+    from ...engine.pack.cost import fmt_duration, sizes_cost
 
     if not sizes.n_moe_layers:
         return ""
@@ -84,8 +84,8 @@ def _conversion(sizes) -> str:
 def recommended_models(hw=None) -> list[tuple[str, str]]:
     """(spec, label) of recommended Hub models: download size and whether the
     residual-split plan fits this machine (planned from metadata, nothing fetched)."""
-    from ...engine.hardware import detect
-    from ...engine.recommend import recommendations
+    from ...engine.plan.hardware import detect
+    from ...engine.plan.recommend import recommendations
 
     out = []
     for r in recommendations(hw or detect(amx=False)):

@@ -11,6 +11,7 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 
 from ...engine.errors import UserError
 from ...engine.sampling import SamplingParams
+from ..config import to_params
 
 FIELDS = [("temperature", float), ("top_k", int), ("top_p", float), ("min_p", float),
           ("repeat_penalty", float), ("seed", int), ("max_tokens", int), ("stop", str)]
@@ -58,8 +59,6 @@ class SettingsScreen(ModalScreen[dict | None]):
                 params[name] = kind(raw)
             except ValueError:
                 raise UserError(f"{name}: {raw!r} is not {'an integer' if kind is int else 'a number'}") from None
-        from .app import to_params
-
         to_params(SamplingParams(), params).validate()
         return {"system": self.query_one("#system", TextArea).text.strip(), "params": params}
 

@@ -1,7 +1,7 @@
 // W_Q kernels: activation prep, dequantize-GEMV batched over the selected
 // experts of a layer (one launch per projection, gate and up fused with an
 // optional SwiGLU epilogue), and dequantize-to-bf16 for the prefill GEMMs.
-// Formats and the integer dot: resplit_wq.cuh. Launch shapes: engine/gpu/kernels.py.
+// Formats and the integer dot: resplit_wq.cuh. Launch shapes: engine/gpu/cuda_kernels.py.
 #include "resplit_wq.cuh"
 
 using namespace rmoe_cuda;

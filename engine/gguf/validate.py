@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from ..config import ModelConfig, config_from_metadata
+from ..hparams import ModelConfig, config_from_metadata
 from ..errors import ModelFileError
 from .reader import GGUFFile, TensorInfo
 
@@ -209,7 +209,7 @@ def check_tokenizer(meta: Mapping[str, Any], path: Any, n_vocab: int | None = No
         if merges is None:
             bad(p + "merges", "is missing, expected the merges of the BPE vocabulary")
         from ..errors import UserError
-        from ..pretokenize import pre_settings
+        from ..text.pretokenize import pre_settings
 
         try:
             pre_settings(pre)

@@ -1,7 +1,7 @@
 """The GPU executor.
 
 kernels.py      the CUDA kernels (csrc/cuda) through the driver API; built on first
-                use by engine/cuda_build.py (nvcc, else NVRTC from pip's CUDA wheels)
+                use by engine/gpu/cuda_build.py (nvcc, else NVRTC from pip's CUDA wheels)
 driver.py       ctypes over libcuda: modules, contexts, launches
 wq_cache.py     which experts' W_Q live on the GPU (hottest first, within a budget)
 schedule.py     the residual-split schedule of one MoE layer over device.py's small

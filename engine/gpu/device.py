@@ -301,7 +301,7 @@ def split_gate_up(dev, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit:
 def slots_gate_up(wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool, to_dev):
     """W_Q gate/up of the slots on the GPU kernels: GEMV for decode-sized batches,
     dequantize + GEMM when experts see several tokens. eid, xrow: host int tensors."""
-    from . import kernels as gk
+    from . import cuda_kernels as gk
     from .prefill import grouped_gate_up, use_grouped
 
     if use_grouped(eid):
@@ -310,7 +310,7 @@ def slots_gate_up(wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool
 
 
 def slots_down(wd, eid: torch.Tensor, h, scale_dev: torch.Tensor, to_dev):
-    from . import kernels as gk
+    from . import cuda_kernels as gk
     from .prefill import grouped_down, use_grouped
 
     if use_grouped(eid):
@@ -331,7 +331,7 @@ def place_weight(w, device: torch.device):
 
 
 class EmulatedGpuDevice(StandInDevice):
-    """The GPU code path (engine/gpu/kernels.py, prefill.py, the GPU placement of
+    """The GPU code path (engine/gpu/cuda_kernels.py, prefill.py, the GPU placement of
     non-expert weights) on CPU tensors, its kernels run by the CPU emulation library
     (kernels.use_emulator): lets tests cover everything but the hardware."""
 

@@ -81,7 +81,7 @@ class Kernel:
 
 class EmulatedKernel:
     """The same kernel run by the CPU emulation library (csrc/cuda/dev/emu_lib.cpp):
-    tests drive engine/gpu/kernels.py end to end on a machine without a GPU."""
+    tests drive engine/gpu/cuda_kernels.py end to end on a machine without a GPU."""
 
     def __init__(self, lib: ctypes.CDLL, name: str, sig: str):
         self.lib, self.name, self.sig = lib, name, sig

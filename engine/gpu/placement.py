@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import kernels as gk
+from . import cuda_kernels as gk
 
 F16 = 1  # GGML type
 

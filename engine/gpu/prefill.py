@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import kernels as gk
+from . import cuda_kernels as gk
 
 EXPERTS_PER_CHUNK = 16
 MIN_TOKENS_PER_EXPERT = 3  # below this a GEMV re-reading the weights per token is cheaper

@@ -9,12 +9,13 @@ import numpy as np
 import torch
 
 from .. import kernels
-from ..config import ModelConfig
+from ..hparams import ModelConfig
 from ..kv_types import DEFAULT_KV_TYPE
 from ..moe.block import MoEFFN
 from ..moe.router import RouterSpec
 from ..weights import Weights
-from .common import KVCache, Rope, default_kq_scale, embed, linear, rms_norm
+from ..ops import linear
+from .common import KVCache, Rope, default_kq_scale, embed, rms_norm
 from .experts_loader import load_experts
 
 

@@ -8,9 +8,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..hparams import ModelConfig
 from ..kv_cache import KVRows
 from ..kv_types import DEFAULT_KV_TYPE
+
+
+ATTN_SCORES_BYTES = 16 << 20  # a prefill attention chunk's scores [n_head, c, S] stay about this size
+
+
+def attention_chunk(n_head: int, S: int) -> int:
+    """Queries per prefill attention chunk (engine/models/common.attend) over S keys."""
+    return max(16, min(128, ATTN_SCORES_BYTES // (4 * n_head * max(1, S))))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -122,8 +130,6 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
     # prefill: chunks of queries against the keys they can see (later keys are never
     # computed), the rep query heads of a group batched over their shared K/V head
     # (no copy per head). A chunk's scores [H, c, S] stay within ~16 MB (the plan counts them).
-    from ..plan_sizes import attention_chunk
-
     hdv = v_all.shape[-1]
     qg = q.permute(1, 0, 2).reshape(Hkv, rep, T, hd)
     out = torch.empty(T, Hkv, rep, hdv, device=q.device)
@@ -139,16 +145,6 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
     return out.view(T, -1)
 
 
-def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    # x [T, in], w [out, in] (a float tensor, or a QWeight kept in its GGUF type) -> [T, out] f32
-    if isinstance(w, torch.Tensor):
-        if w.dtype != x.dtype:  # f16/bf16 weights on a GPU: the product in their type, f32 out
-            return F.linear(x.to(w.dtype), w, None if b is None else b.to(w.dtype)).float()
-        return F.linear(x, w, b)
-    y = w.matmul(x.contiguous())
-    return y + b if b is not None else y
-
-
 def embed(table, tokens: torch.Tensor) -> torch.Tensor:
     """Rows of the embedding table [V, H] (f32 tensor or QWeight) -> [T, H] f32."""
     if isinstance(table, torch.Tensor):
@@ -158,11 +154,6 @@ def embed(table, tokens: torch.Tensor) -> torch.Tensor:
     rows = table.raw[tokens.numpy()]  # [T, row_bytes]: only the rows used are read
     return torch.from_numpy(kernels.ggml_dequantize(rows, table.qtype, rows.shape[0] * table.shape[-1])
                             ).view(rows.shape[0], -1)
-
-
-def swiglu_ffn(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    # x [T, H]; gate/up [ff, H]; down [H, ff] -> [T, H]
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
 def default_kq_scale(cfg: ModelConfig) -> float:

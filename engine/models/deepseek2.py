@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import ModelConfig
+from ..hparams import ModelConfig
 from ..kv_types import DEFAULT_KV_TYPE
 from ..moe.block import MoEFFN, SharedExpert
 from ..moe.router import RouterSpec

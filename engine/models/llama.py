@@ -4,7 +4,7 @@ experts, a dense SwiGLU FFN."""
 from __future__ import annotations
 
 from .base import build_standard, routed_ffn
-from .common import swiglu_ffn
+from ..ops import swiglu_ffn
 
 
 class DenseFFN:

@@ -16,11 +16,12 @@ import math
 import torch
 
 from .. import kernels
-from ..config import ModelConfig
+from ..hparams import ModelConfig
 from ..kv_cache import KVRows
 from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
 from ..weights import QWeight, Weights
-from .common import Rope, linear, rms_norm
+from ..ops import linear
+from .common import Rope, rms_norm
 
 
 _SCORES_MAX = 1 << 25  # attention scores held at once (128 MiB in f32)

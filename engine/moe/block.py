@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from .. import kernels
-from ..models.common import linear, swiglu_ffn
+from ..ops import linear, swiglu_ffn
 from .resplit import FixedCritical, ResplitExperts
 from .router import RouterSpec, route
 from .umia import UmiaPolicy

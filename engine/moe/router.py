@@ -7,7 +7,7 @@ import torch
 
 from .. import kernels
 
-from ..config import GATING_SIGMOID, ModelConfig
+from ..hparams import GATING_SIGMOID, ModelConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ the KV cache every later token reads). A profile is plain JSON:
     {"alpha": [α per layer index], "beta": {"prefill": βp, "decode": βd},
      "theta": θ, "r_min": 0, "r_max": 8}
 
-`engine/calibrate.py` fits one per (model, machine); without one,
+`engine/tune/calibrate.py` fits one per (model, machine); without one,
 `default_profile` applies.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import ModelConfig
+from ..hparams import ModelConfig
 from ..errors import UserError
 
 # Default modulation (no calibration), leaning to accuracy: an expert is critical

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .resplit_oracle import WR_LEVELS, WR_TABLE, _scale12_decode, _scale12_encode, _wq_alone_scale, tree16
+from .resplit_oracle import (WQ_BLOCK, WR_BLOCK, WR_DIV, WR_LEVELS, WR_TABLE, _f16, _pack_wq, _pack_wr, _pad_rows,
+                             _scale12_decode, _scale12_encode, _wq_alone_scale, row_bytes, tree16)
 
 _F32 = np.float32
 FRACS = np.array([0.3 + 0.1 * i for i in range(7)], np.float32)   # coarse, of max|w| per 32
@@ -125,3 +126,20 @@ def joint_search(x: np.ndarray, D: np.ndarray):
         dr = (D * WR_TABLE[best_k[:, s]]).astype(np.float32)
         _, t[:, 16 * s:16 * s + 16], dig[:, 16 * s:16 * s + 16] = half_eval(x[:, 16 * s:16 * s + 16], dq, dr)
     return best_code, t, best_k, dig
+
+
+def quantize_wq_wr(w: np.ndarray):
+    """gate/up: (WQ bytes, WR bytes), searched jointly."""
+    shape = w.shape
+    n = shape[-1]
+    rows = _pad_rows(w, WR_BLOCK)                       # [R, n64]
+    R, n64 = rows.shape
+    amax_row = np.zeros(R, np.float32)
+    for j in range(n64):
+        amax_row = np.maximum(amax_row, np.abs(rows[:, j]))
+    D = _f16(amax_row / WR_DIV)                         # [R]
+    code, t, k, d = joint_search(rows.reshape(-1, 32), np.repeat(D, n64 // 32))
+    nbq = -(-n // WQ_BLOCK)  # WR pads to 64; WQ keeps only its own 32-blocks
+    wq = _pack_wq(t, code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))
+    wr = _pack_wr(d.reshape(R, n64), k.reshape(R, -1), D)
+    return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))

@@ -203,26 +203,7 @@ def dequantize_wq(q: np.ndarray, n: int) -> np.ndarray:
     return w[..., :n]
 
 
-# ---------------------------------------------------------------- WQ + WR jointly
-def quantize_wq_wr(w: np.ndarray):
-    """gate/up: (WQ bytes, WR bytes), searched jointly (resplit_joint.py)."""
-    from .resplit_joint import joint_search
-
-    shape = w.shape
-    n = shape[-1]
-    rows = _pad_rows(w, WR_BLOCK)                       # [R, n64]
-    R, n64 = rows.shape
-    amax_row = np.zeros(R, np.float32)
-    for j in range(n64):
-        amax_row = np.maximum(amax_row, np.abs(rows[:, j]))
-    D = _f16(amax_row / WR_DIV)                         # [R]
-    code, t, k, d = joint_search(rows.reshape(-1, 32), np.repeat(D, n64 // 32))
-    nbq = -(-n // WQ_BLOCK)  # WR pads to 64; WQ keeps only its own 32-blocks
-    wq = _pack_wq(t, code).reshape(R, n64 // 32, 8)[:, :nbq].reshape(*shape[:-1], row_bytes("wq", n))
-    wr = _pack_wr(d.reshape(R, n64), k.reshape(R, -1), D)
-    return wq, wr.reshape(*shape[:-1], row_bytes("wr", n))
-
-
+# ---------------------------------------------------------------- WR (quantized jointly with WQ: resplit_joint.py)
 def _wr_groups(nb: int) -> list[int]:
     """Blocks per group of a row of nb 64-blocks: threes, then the rest."""
     return [3] * (nb // 3) + ([nb % 3] if nb % 3 else [])

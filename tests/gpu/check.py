@@ -195,7 +195,7 @@ def main() -> int:
     if not a.standin:
         from check_kernels import bandwidth, check_ggml, check_nvrtc, check_wq
 
-        from rapidmoe.engine.cuda_build import build
+        from rapidmoe.engine.gpu.cuda_build import build
 
         cap = torch.cuda.get_device_capability()
         print(f"device {torch.cuda.get_device_name()} sm_{cap[0]}{cap[1]}")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rapidmoe.engine import kernels
-from rapidmoe.engine.gpu import kernels as gk
+from rapidmoe.engine.gpu import cuda_kernels as gk
 
 from dsv3 import FF, H, random_q8_0, random_wq
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shapes.p
 
 from shapes import write_v3_shape  # noqa: E402
 
-from rapidmoe.engine.synth import write_synthetic  # noqa: E402
+from rapidmoe.engine.synth.model import write_synthetic  # noqa: E402
 
 CLI = [sys.executable, "-m", "rapidmoe.app.cli"]
 # DeepSeek-V3's shapes with fewer layers and experts (top-8 of n_expert, groups of 8)

@@ -1,5 +1,5 @@
 // The kernels under dev/emu.h as a shared library with one entry point that
-// takes cuLaunchKernel's argument array, so engine/gpu/kernels.py (argument
+// takes cuLaunchKernel's argument array, so engine/gpu/cuda_kernels.py (argument
 // packing, grid sizes, tensor layouts) runs unchanged on a machine without a GPU.
 #include <string>
 

@@ -1,0 +1,1 @@
+"""Where models come from: Hugging Face Hub pulls and the built-in demo."""

@@ -1,0 +1,1 @@
+"""The residual-split pack: conversion, its identity, checksums and cost."""

@@ -1,0 +1,1 @@
+"""What goes where: the machine (hardware), model sizes, the plan, recommendations."""

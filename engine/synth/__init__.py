@@ -1,0 +1,1 @@
+"""Synthetic models for tests and benches: seeded GGUF files of every architecture."""

@@ -1,0 +1,1 @@
+"""Text in and out: tokenizers (BPE, SentencePiece), the pre-tokenizer, chat templates."""

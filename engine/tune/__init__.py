@@ -1,0 +1,1 @@
+"""Tools over the runner: calibration, the latency model, bench, evaluation."""

@@ -1,0 +1,48 @@
+"""The package's layering (pyproject.toml [tool.importlinter], ARCHITECTURE.md): the
+engine never imports the app, each layer imports only those below it, and no
+package has an import cycle among its modules, function-level imports included."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import rapidmoe
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = [str(Path(sys.executable).with_name("lint-imports")), str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"]
+
+
+def _lint(pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(LINT, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT / "tests")
+
+
+def test_the_package_keeps_its_layers():
+    r = _lint()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 kept, 0 broken" in r.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    src = Path(rapidmoe.__file__).parent
+    dst = tmp_path / "rapidmoe"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.so", "cuda_src", "__pycache__", "assets"))
+    return dst
+
+
+def test_a_cycle_or_an_upward_import_breaks_a_contract(tmp_path):
+    pkg = _copy(tmp_path)
+    with open(pkg / "app" / "tui" / "chat_screen.py", "a") as f:
+        f.write("\n\ndef _probe():\n    from . import app  # a cycle inside a function counts too\n")
+    r = _lint(tmp_path)
+    assert r.returncode == 1 and "No cycles are allowed in rapidmoe.app.tui" in r.stdout, r.stdout + r.stderr
+
+    pkg = _copy(tmp_path / "b")
+    with open(pkg / "engine" / "kernels.py", "a") as f:
+        f.write("\nfrom .moe import router as _probe  # the kernels below the MoE layer\n")
+    r = _lint(tmp_path / "b")
+    assert r.returncode == 1 and "rapidmoe.engine.kernels is not allowed to import rapidmoe.engine.moe" in r.stdout, \
+        r.stdout + r.stderr
