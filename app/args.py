@@ -60,8 +60,8 @@ def add_placement_arguments(p) -> None:
 
 def plan_request(args):
     """Parsed placement flags -> engine.plan.planner.PlanRequest."""
-    from ..engine.plan.hardware import GiB
-    from ..engine.plan.planner import PlanRequest
+    from ..engine.plan.hardware import GiB  # deferred: loads psutil
+    from ..engine.plan.planner import PlanRequest  # deferred: loads gguf, numpy
 
     if args.cache_fraction is not None and not 0.0 <= args.cache_fraction <= 1.0:
         raise UserError("--cache-fraction must be within [0, 1]")

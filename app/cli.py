@@ -12,7 +12,10 @@ import sys
 # need those cores (set before torch is imported).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ..engine.errors import UserError
+from . import cmd_chat
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -48,8 +51,6 @@ def _subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("rapidmoe-chat")
     except PackageNotFoundError:  # run from a source tree that was never installed
@@ -58,19 +59,18 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from ..engine.plan.sizes import use_planned_allocator
+    from ..engine.plan.sizes import use_planned_allocator  # deferred: loads gguf, numpy
 
     use_planned_allocator()  # freed large buffers go back to the OS: peak memory is what `plan` counts
     try:
         if os.environ.get("RAPIDMOE_ISA"):
-            from ..engine import kernels
+            from ..engine import kernels  # deferred: loads the compiled kernels, numpy
 
             kernels.check_isa_override()  # a bad value: one line now, not a silent fallback later
         if argv and argv[0] in SUBCOMMANDS:
             p, mod = _subcommand_parser(argv[0])
             args = p.parse_args(argv[1:])
             return int(mod.run(args) or 0)
-        from . import cmd_chat
 
         p = Parser(
             prog="rapidmoe-chat",

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 from ..engine.errors import UserError
-from .args import threads
-from .args import add_placement_arguments, plan_request
+from ..engine.units import fmt_bytes
+from .args import add_placement_arguments, plan_request, threads
 from .cmd_chat import note
+from .progress import StepProgress
 
 
 def _settings(v: str) -> list:
@@ -82,16 +83,15 @@ def run(args) -> int:
         raise UserError("--precision full and --critical exclude each other")
     if args.one:
         return _run_one(args)
-    from ..engine.tune.bench import bench_model_path
-    from ..engine.loader import resolve_model_path
-    from .progress import StepProgress
+    from ..engine.loader import resolve_model_path  # deferred: loads torch, the compiled kernels
+    from ..engine.tune.bench import bench_model_path  # deferred: loads torch, the compiled kernels
 
     threads = _threads(args)
     settings = [None] if args.precision == "full" else (args.critical or ["auto"])
     with StepProgress(enabled=sys.stderr.isatty()) as prog:
         src = bench_model_path(progress=prog) if args.model == "bench" else resolve_model_path(args.model, progress=prog)
         if any(s is not None for s in settings):
-            from ..engine.pack.convert import convert
+            from ..engine.pack.convert import convert  # deferred: loads the compiled kernels, gguf
 
             convert(src, progress=prog, log=note)
     # the 1 GiB probe runs here, so it never counts in a setting's peak RSS
@@ -121,7 +121,7 @@ def run(args) -> int:
 
 
 def _run_one(args) -> int:
-    from ..engine.tune.bench import rss_now, run_setting
+    from ..engine.tune.bench import rss_now, run_setting  # deferred: loads torch, the compiled kernels
 
     rss0 = rss_now()
     crit = None if args.precision == "full" else (args.critical[0] if args.critical else "auto")
@@ -133,8 +133,6 @@ def _run_one(args) -> int:
 
 def _table(rows: list[dict]) -> None:
     """MB/token is traffic (decimal, so that t/s x MB/token / 1000 is the GB/s column); peak RSS is memory."""
-    from ..engine.units import fmt_bytes
-
     tw = max([6] + [len(r["test"]) for r in rows])  # "tg128 @ d8192" with -d
     head = (f"{'model':<34} {'setting':>10} {'thr':>3} {'test':>{tw}} {'t/s':>9} {'mean r':>6} {'MB/token':>9} {'GB/s':>6} "
             f"{'of BW':>6} {'peak RSS':>9}")

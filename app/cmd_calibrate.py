@@ -4,12 +4,15 @@ auto` then uses it. Progress on stderr; --json prints the cached record."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 
 from ..engine.errors import UserError
-from .args import threads
+from .args import add_placement_arguments, plan_request, threads
 from .cmd_chat import apply_threads, note
-from .args import add_placement_arguments, plan_request
+from .progress import StepProgress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,12 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import os
-
-    from ..engine.plan.calibration import calibration_path, read_calibration
-    from ..engine.tune.calibrate import DEFAULT_BUDGET, calibrate
-    from ..engine.loader import resolve_model_path
-    from .progress import StepProgress
+    from ..engine.loader import resolve_model_path  # deferred: loads torch, the compiled kernels
+    from ..engine.plan.calibration import (  # deferred: loads torch, the compiled kernels
+        calibration_path,
+        read_calibration,
+    )
+    from ..engine.tune.calibrate import DEFAULT_BUDGET, calibrate  # deferred: loads torch, the compiled kernels
 
     if args.tokens < args.segment:
         raise UserError("--tokens must be at least one --segment")
@@ -44,7 +47,7 @@ def run(args) -> int:
     # a bar on a terminal, plain lines in a log or pipe; --json keeps stderr for errors
     with StepProgress(enabled=not args.json) as prog:
         if args.model == "bench":
-            from ..engine.tune.bench import bench_model_path
+            from ..engine.tune.bench import bench_model_path  # deferred: loads torch, the compiled kernels
 
             path = bench_model_path(progress=prog)
         else:
@@ -60,9 +63,6 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rec))
     else:
-        import contextlib
-        import io
-
         text = io.StringIO()  # all or nothing: a damaged record prints no half table
         try:
             with contextlib.redirect_stdout(text):

@@ -10,6 +10,7 @@ import threading
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
 from .args import add_model_arguments, add_sampling_arguments, critical_setting, plan_request, remote_endpoint
+from .progress import StepProgress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,8 +41,9 @@ def apply_threads(n: int | None) -> None:
         return
     if n <= 0:
         raise UserError("--threads must be > 0")
-    from ..engine import kernels
-    import torch
+    import torch  # deferred: loads torch
+
+    from ..engine import kernels  # deferred: loads the compiled kernels, numpy
 
     kernels.set_num_threads(n)
     torch.set_num_threads(n)
@@ -52,15 +54,14 @@ def note(msg: str) -> None:
 
 
 def load_for_cli(args, quiet: bool = False, default_split: bool = False):
-    from ..engine.loader import load_model
-    from .progress import StepProgress
+    from ..engine.loader import load_model  # deferred: loads torch, the compiled kernels
 
     apply_threads(args.threads)
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
-    from .cmd_pull import BarProgress, LineProgress
+    from .cmd_pull import BarProgress, LineProgress  # deferred: loads huggingface_hub, httpx2
 
     dl = None if quiet else (BarProgress() if sys.stderr.isatty() else LineProgress())
     try:
@@ -78,7 +79,7 @@ def run(args) -> int:
     if prompt is None and not sys.stdin.isatty():
         prompt = "-"
     if prompt is None:
-        from .tui.app import run_tui
+        from .tui.app import run_tui  # deferred: loads torch, textual
 
         return run_tui(args)
     if prompt == "-":
@@ -98,10 +99,10 @@ def apply_config(args, cfg) -> None:
 
 
 def run_prompt(args, prompt: str) -> int:
-    from ..engine.generate import ChatSession, Session
-    from ..engine.sampling import SamplingParams
-    from .config import load_config
-    from .remote.client import RemoteError
+    from ..engine.generate import ChatSession, Session  # deferred: loads torch
+    from ..engine.sampling import SamplingParams  # deferred: loads torch
+    from .config import load_config  # deferred: loads platformdirs
+    from .remote.client import RemoteError  # deferred: loads torch
 
     # a bad config, bad flags and a bad --chat id fail before anything is loaded or converted
     cfg = load_config()
@@ -122,7 +123,7 @@ def run_prompt(args, prompt: str) -> int:
         params = SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
     if remote is not None:
-        from .remote.chat import RemoteChat
+        from .remote.chat import RemoteChat  # deferred: loads torch
 
         system = args.system if args.system is not None else stored.system if stored else cfg.system
         chat = RemoteChat(remote, system=system or None, params=params)
@@ -206,7 +207,7 @@ def _open_history(args):
         raise UserError("--chat and --continue exclude each other")
     if args.no_history and args.chat is None and not args.continue_:
         return None, None
-    from .store import ChatStore
+    from .store import ChatStore  # deferred: loads platformdirs
 
     store = ChatStore()
     if not args.no_history:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sys
 
+from ..engine.errors import UserError
 from .args import threads
 from .cmd_chat import note
+from .progress import StepProgress
 
 
 def add_arguments(p) -> None:
@@ -15,11 +17,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..engine import kernels
-    from ..engine.errors import UserError
-    from ..engine.loader import resolve_model_path
-    from ..engine.pack.convert import convert
-    from .progress import StepProgress
+    from ..engine import kernels  # deferred: loads the compiled kernels, numpy
+    from ..engine.loader import resolve_model_path  # deferred: loads torch, the compiled kernels
+    from ..engine.pack.convert import convert  # deferred: loads the compiled kernels, gguf
 
     if args.threads is not None:
         if args.threads <= 0:

@@ -39,7 +39,7 @@ def _cuda_status(hw) -> dict:
     except ImportError:
         st["nvml_bindings"] = False
     try:
-        import torch
+        import torch  # deferred: loads torch
 
         st["torch_cuda"] = torch.version.cuda
         st["torch_cuda_available"] = bool(torch.version.cuda) and torch.cuda.is_available()
@@ -58,7 +58,7 @@ def _cuda_status(hw) -> dict:
 
 
 def _kernel_cache() -> dict:
-    from ..engine.paths import cache_dir
+    from ..engine.paths import cache_dir  # deferred: loads platformdirs
 
     d = cache_dir() / "kernels"
     if not d.is_dir():
@@ -68,7 +68,7 @@ def _kernel_cache() -> dict:
 
 
 def collect() -> dict:
-    from ..engine.plan.hardware import detect
+    from ..engine.plan.hardware import detect  # deferred: loads psutil
 
     hw = detect()
     return {

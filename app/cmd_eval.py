@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.errors import UserError
+from ..engine.tune.evaluate import all_logits, divergence, load_logits, perplexity, save_logits
 from .args import add_model_arguments
 from .cmd_chat import load_for_cli
+from .progress import StepProgress
 
 
 def add_arguments(p) -> None:
@@ -23,9 +25,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..engine.tune.evaluate import all_logits, divergence, load_logits, perplexity, save_logits
-    from .progress import StepProgress
-
     if args.text is not None:
         try:
             text = args.text.read_bytes().decode("utf-8")

@@ -39,7 +39,7 @@ def packs_dir() -> Path:
 def _sources() -> dict[str, str]:
     """pack file name -> model name, for every model here that has a pack name."""
     try:
-        from ..engine.pack.convert import pack_path
+        from ..engine.pack.convert import pack_path  # deferred: loads the compiled kernels, gguf
     except ImportError:
         return {}
     out = {}
@@ -54,10 +54,10 @@ def _sources() -> dict[str, str]:
 
 def _pack_state(p: Path, sources: dict[str, str]) -> tuple[str, bool]:
     """(note, stale) of a finished pack."""
-    from ..engine.gguf.reader import GGUFFile
+    from ..engine.gguf.reader import GGUFFile  # deferred: loads gguf, numpy
 
     try:
-        from ..engine.pack.convert import PACK_VERSION
+        from ..engine.pack.convert import PACK_VERSION  # deferred: loads the compiled kernels, gguf
     except ImportError:
         PACK_VERSION = None
     try:
@@ -105,7 +105,7 @@ def list_packs() -> list[Entry]:
 def packs_of(model_path: str) -> list[Path]:
     """The pack files (finished or partial) made from this model file."""
     try:
-        from ..engine.pack.convert import pack_path
+        from ..engine.pack.convert import pack_path  # deferred: loads the compiled kernels, gguf
 
         pp = pack_path(Path(model_path))
     except Exception:
@@ -115,7 +115,7 @@ def packs_of(model_path: str) -> list[Path]:
 
 
 def list_models() -> list[Entry]:
-    from ..engine.hub.demo import DEMO_NAME, demo_cache_path
+    from ..engine.hub.demo import DEMO_NAME, demo_cache_path  # deferred: loads gguf, numpy
 
     out = []
     demo = demo_cache_path()
@@ -124,7 +124,7 @@ def list_models() -> list[Entry]:
     else:
         out.append(Entry("demo", "demo", 0, str(demo), "built on first use"))
     try:
-        from ..engine.hub.pull import list_cached
+        from ..engine.hub.pull import list_cached  # deferred: loads huggingface_hub, httpx2
     except ImportError:
         list_cached = None
     cached = list_cached() if list_cached else []

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..engine.paths import cache_dir, config_dir, data_dir
+from .cmd_list import packs_dir
+from .config import config_path
+from .store import db_path
 
 
 def locations() -> dict[str, str]:
-    from ..engine.hub.demo import demo_cache_path
-    from ..engine.hub.cache import hub_cache_dir
-    from .cmd_list import packs_dir
-    from .config import config_path
-    from .store import db_path
+    from ..engine.hub.cache import hub_cache_dir  # deferred: loads huggingface_hub
+    from ..engine.hub.demo import demo_cache_path  # deferred: loads gguf, numpy
 
     return {
         "config": str(config_path()),
@@ -30,8 +31,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     locs = locations()
     if args.json:
         print(json.dumps(locs))

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from ..engine.errors import UserError
+from ..engine.errors import ModelFileError, UserError
+from ..engine.hub.resolve import looks_local
+from ..engine.units import fmt_bytes
 from .args import add_placement_arguments, plan_request
 
 
@@ -21,7 +24,7 @@ def add_arguments(p) -> None:
 
 
 def load_hardware(path: str):
-    from ..engine.plan.hardware import HardwareRecord
+    from ..engine.plan.hardware import HardwareRecord  # deferred: loads psutil
 
     try:
         with open(path) as f:
@@ -36,13 +39,8 @@ def load_hardware(path: str):
 def resolve(spec: str):
     """Model spec -> local GGUF path, without importing the model code (torch):
     plan stays quick."""
-    from pathlib import Path
-
-    from ..engine.errors import ModelFileError
-    from ..engine.hub.resolve import looks_local
-
     if spec in (None, "demo"):
-        from ..engine.hub.demo import demo_model_path
+        from ..engine.hub.demo import demo_model_path  # deferred: loads gguf, numpy
 
         return demo_model_path()
     if looks_local(str(spec)):
@@ -50,17 +48,17 @@ def resolve(spec: str):
         if not p.exists():
             raise ModelFileError(p, "no such file")
         return p
-    from ..engine.loader import resolve_model_path
+    from ..engine.loader import resolve_model_path  # deferred: loads torch, the compiled kernels
 
     return resolve_model_path(spec)
 
 
 def make_plan(args):
     """-> (Plan, ModelSizes) for the parsed arguments."""
-    from ..engine.gguf.reader import GGUFFile
-    from ..engine.plan.hardware import detect
-    from ..engine.plan.planner import plan_model
-    from ..engine.plan.sizes import calibrated_frequencies, sizes_from_gguf
+    from ..engine.gguf.reader import GGUFFile  # deferred: loads gguf, numpy
+    from ..engine.plan.hardware import detect  # deferred: loads psutil
+    from ..engine.plan.planner import plan_model  # deferred: loads gguf, numpy
+    from ..engine.plan.sizes import calibrated_frequencies, sizes_from_gguf  # deferred: loads gguf, numpy
 
     if args.ctx is not None and args.ctx <= 0:
         raise UserError("--ctx must be > 0")
@@ -73,8 +71,6 @@ def make_plan(args):
 
 
 def _bytes(n: int) -> str:
-    from ..engine.units import fmt_bytes
-
     return fmt_bytes(n)
 
 
@@ -120,7 +116,7 @@ def pack_disk_note(sizes, hw_disk_free: int, pack_exists: bool) -> str:
 
 def conversion_note(cost: dict, disk_free: int) -> str:
     """What the first use's conversion costs, before it starts (engine/pack/cost.py)."""
-    from ..engine.pack.cost import describe_cost
+    from ..engine.pack.cost import describe_cost  # deferred: loads platformdirs
 
     short = (f"; the cache dir has {_bytes(disk_free)} free: not enough"
              if disk_free and disk_free < cost["pack_bytes"] else "")
@@ -132,12 +128,11 @@ def run(args) -> int:
     p, sizes = make_plan(args)
     disk, cost = "", None
     if not args.hardware:
-        from ..engine.plan.hardware import disk_free
-        from ..engine.pack.convert import pack_path, source_identity
-        from ..engine.pack.cost import source_cost
-        from ..engine.paths import cache_dir
-
-        from ..engine.gguf.reader import GGUFFile
+        from ..engine.gguf.reader import GGUFFile  # deferred: loads gguf, numpy
+        from ..engine.pack.convert import pack_path, source_identity  # deferred: loads the compiled kernels, gguf
+        from ..engine.pack.cost import source_cost  # deferred: loads platformdirs
+        from ..engine.paths import cache_dir  # deferred: loads platformdirs
+        from ..engine.plan.hardware import disk_free  # deferred: loads psutil
 
         free = disk_free(cache_dir())
         with GGUFFile(resolve(args.model)) as g:

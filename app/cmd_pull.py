@@ -66,8 +66,8 @@ class BarProgress:
     """Terminal stderr: a rich progress bar per file with bytes, rate and ETA."""
 
     def __init__(self, console=None):
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+        from rich.console import Console  # deferred: loads rich
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn  # deferred: loads rich
 
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(),

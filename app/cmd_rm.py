@@ -54,7 +54,7 @@ def _remove_hf_files(files: list[Path]) -> None:
 
 def _remove(e: Entry) -> None:
     if e.kind == "hf":
-        from ..engine.hub.pull import list_cached
+        from ..engine.hub.pull import list_cached  # deferred: loads huggingface_hub, httpx2
 
         for m in list_cached():
             if m.spec == e.name:

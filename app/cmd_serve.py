@@ -63,30 +63,30 @@ def _template(path: Path | None) -> str | None:
         text = path.expanduser().read_text("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"--chat-template {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    from ..engine.text.chat_template import render_chat
+    from ..engine.text.chat_template import render_chat  # deferred: loads jinja2
 
     render_chat(text, [{"role": "user", "content": "hi"}], bos_token="", eos_token="")  # a broken one fails now
     return text
 
 
 def run(args) -> int:
-    from .config import load_config
+    from .config import load_config  # deferred: loads platformdirs
 
     key = _check(args)
     template = _template(args.chat_template)
     cfg = load_config()
     apply_config(args, cfg)
     try:
-        import uvicorn
+        import uvicorn  # deferred: loads uvicorn
 
-        from .serve.server import Api, build_app
-        from .serve.worker import Worker
+        from .serve.server import Api, build_app  # deferred: loads torch, starlette
+        from .serve.worker import Worker  # deferred: loads torch, numpy
     except ImportError as e:
         raise UserError(f"serve needs the server packages ({e.name} is missing): "
                         "pip install 'starlette' 'uvicorn' 'sse-starlette'") from None
 
     def base_params(model):
-        from ..engine.sampling import SamplingParams
+        from ..engine.sampling import SamplingParams  # deferred: loads torch
 
         params = SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
         if "max_tokens" not in cfg.sampling:

@@ -13,8 +13,8 @@ from typing import Iterator
 import torch
 
 from .conversation import Conversation
-from .events import Finished, PromptProcessed, TextDelta
 from .errors import UserError
+from .events import Finished, PromptProcessed, TextDelta
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 256
@@ -131,7 +131,7 @@ class ChatSession(Conversation):
     across turns, so each turn processes only its new tokens."""
 
     def __init__(self, model, system: str | None = None, params: SamplingParams | None = None):
-        from .text.chat_template import render_chat
+        from .text.chat_template import render_chat  # deferred: loads jinja2
 
         self._render = render_chat
         self.session = Session(model, params)

@@ -6,14 +6,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .hparams import ModelConfig
+import torch
+
 from .errors import ModelFileError, UserError
 from .gguf.reader import GGUFFile
 from .gguf.validate import check_model
+from .gpu import cuda_kernels as gk
+from .gpu import device as gd
+from .gpu.executor import attach_plan, layer_devices
+from .hparams import ModelConfig
+from .hub.demo import demo_model_path
+from .hub.resolve import looks_local
 from .kv_types import DEFAULT_KV_TYPE, check_kv_type, kv_row_dims
 from .models import arch_module
-from .plan.planner import PlanRequest
+from .moe.resplit import FixedCritical
+from .moe.umia import UmiaPolicy
+from .pack.convert import open_pack
+from .plan.calibration import load_profile
 from .plan.full import check_full_precision
+from .plan.hardware import detect
+from .plan.planner import PlanRequest, plan_model
+from .plan.sizes import calibrated_frequencies, sizes_from_gguf
+from .runner import Runner
+from .text.tokenizer import Tokenizer
 from .weights import Weights
 
 
@@ -41,18 +56,15 @@ def resolve_model_path(spec: str | os.PathLike | None, progress=None, download_p
     """'demo' (or None) -> the built-in demo model; a local GGUF path; or a Hub
     `REPO[:QUANT]`, pulled into the Hugging Face cache when it is not there yet."""
     if spec is None or str(spec) == "demo":
-        from .hub.demo import demo_model_path
-
         demo_progress = (lambda frac, _what: progress("demo", int(frac * 1000), 1000)) if progress else None
         return demo_model_path(progress=demo_progress)
-    from .hub.resolve import looks_local
 
     if isinstance(spec, Path) or looks_local(str(spec)):
         p = Path(spec).expanduser()
         if not p.exists():
             raise ModelFileError(p, "no such file")
         return p
-    from .hub.pull import pull
+    from .hub.pull import pull  # deferred: loads huggingface_hub, httpx2
 
     return pull(str(spec), progress=download_progress)[0]
 
@@ -86,8 +98,6 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         check_full_precision(gguf, cfg, ctx, kv_type, placement.dram_budget if placement else None)
     policy = _split_policy(cfg, critical, log, path, p.mode if p else None, gguf) if critical is not None else None
     if policy is not None:
-        from .pack.convert import open_pack
-
         pack = open_pack(gguf, progress=progress, log=log)  # the source stays open once, for all of it
         gguf.close()
         gguf = pack
@@ -100,13 +110,11 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
             progress("load", done, total)
 
     net = arch_module(cfg.arch).build(cfg, W, ctx, layer_progress)
-    from .runner import Runner
 
     runner = Runner(net, policy, kv_type=kv_type)
     where = "full precision · CPU" if policy is None else p.describe()
     if p is not None and p.mode != "cpu":
         runner, where = _gpu_step(net, policy, p, hw, progress, kv_type)
-    from .text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(gguf.metadata)
     if tok.n_vocab != cfg.n_vocab:
@@ -119,10 +127,6 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
 def _plan(gguf: GGUFFile, path: Path, ctx: int, req: PlanRequest):
     """This machine's plan for the split path; refuse one that does not fit,
     before anything is converted or uploaded."""
-    from .plan.hardware import detect
-    from .plan.planner import plan_model
-    from .plan.sizes import calibrated_frequencies, sizes_from_gguf
-
     hw = detect(amx=False)
     sizes = sizes_from_gguf(gguf)
     p = plan_model(sizes, hw, ctx, req, calibrated_frequencies(path, sizes, gguf))
@@ -134,19 +138,11 @@ def _plan(gguf: GGUFFile, path: Path, ctx: int, req: PlanRequest):
 
 def _gpu_step(net, policy, p, hw, progress, kv_type: str):
     """Place net as the GPU plan p says -> (Runner of the GPU step, placement line)."""
-    import torch
-
-    from .gpu.executor import attach_plan, layer_devices
-
-    from .gpu import device as gd
-
     standin = hw.gpu_source == "standin"
     names = [d for d, _, _ in p.gpu_layers]
     if standin:
         devices = {d: gd.StandInDevice() for d in names}
     else:
-        from .gpu import cuda_kernels as gk
-
         for i, d in enumerate(names):  # compile (or load the cached) kernels: a visible step
             if progress:
                 progress("CUDA kernels", i, len(names))
@@ -159,7 +155,6 @@ def _gpu_step(net, policy, p, hw, progress, kv_type: str):
     attach_plan(net, p, devices)
     if progress:
         progress("place", 1, 1)
-    from .runner import Runner
 
     owner = layer_devices(p, len(net.blocks))
     runner = Runner(net, policy, where="+".join(names), devices=tuple(devices.values()),
@@ -168,16 +163,11 @@ def _gpu_step(net, policy, p, hw, progress, kv_type: str):
 
 
 def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: str | None, gguf):
-    from .moe.resplit import FixedCritical
-
     if not cfg.n_expert:
         if log:
             log("this model has no routed experts: running it in full precision")
         return None
     if critical == "auto":
-        from .plan.calibration import load_profile
-        from .moe.umia import UmiaPolicy
-
         profile = load_profile(path, cfg, mode, log, gguf)
         if log and profile.source != "calibrated":
             log("UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)")

@@ -37,7 +37,7 @@ class Runner:
 
     def split_layers(self) -> list:
         """The MoE layers' residual-split experts as loaded (the CPU step's), in layer order."""
-        from .moe.resplit import ResplitExperts
+        from .moe.resplit import ResplitExperts  # deferred: loads the compiled kernels
 
         return [f.experts for f in self.net.moe_layers() if isinstance(f.experts, ResplitExperts)]
 

@@ -33,7 +33,7 @@ def _key(name: str, env_var: str | None, env: Mapping[str, str]) -> str | None:
 
 def provider_table(path: Path | None = None) -> dict[str, dict]:
     """config.toml's [providers], checked: name -> its keys."""
-    from ..config import config_path
+    from ..config import config_path  # deferred: loads platformdirs
 
     path = path or config_path()
     if not path.is_file():

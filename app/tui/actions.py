@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ...engine.errors import UserError
 from ...engine.units import fmt_bytes
+from .attach import edit_in_editor, fenced_file
+from .chats_screen import ChatsScreen
 from .commands import help_text, parse_set, parse_slash
 from .context_meter import ContextMeter
 from .message import MessageView
@@ -134,8 +136,6 @@ class ChatActions:
         await self.show_chat(self.chat.id if self.chat else None)
 
     def action_chats(self) -> None:
-        from .chats_screen import ChatsScreen
-
         async def done(result) -> None:
             if result is None:
                 return
@@ -152,7 +152,7 @@ class ChatActions:
         self.app.push_screen(ChatsScreen(current=self.chat.id if self.chat else None), done)
 
     def action_models(self) -> None:
-        from .model_picker import ModelPicker
+        from .model_picker import ModelPicker  # deferred: loads psutil, rich
 
         def done(spec) -> None:
             if spec:
@@ -161,7 +161,7 @@ class ChatActions:
         self.app.push_screen(ModelPicker(current=self.model.spec if self.model else None), done)
 
     def action_settings(self) -> None:
-        from .settings_screen import SettingsScreen
+        from .settings_screen import SettingsScreen  # deferred: loads platformdirs
 
         def done(result) -> None:
             if result is not None:
@@ -205,8 +205,6 @@ class ChatActions:
 
     def action_attach(self, path: str) -> None:
         """Append a text file to the prompt as a fenced block."""
-        from .attach import fenced_file
-
         block = fenced_file(path)
         text = self.prompt.text.rstrip()
         self.prompt.load_text((text + "\n\n" if text else "") + block)
@@ -215,8 +213,6 @@ class ChatActions:
 
     def action_editor(self) -> None:
         """Edit the prompt in $VISUAL / $EDITOR."""
-        from .attach import edit_in_editor
-
         try:
             text = edit_in_editor(self.app, self.prompt.text)
         except UserError as e:

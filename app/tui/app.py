@@ -2,9 +2,11 @@
 shows the chat screen. `run_tui(args)` is what `rapidmoe-chat` without -p runs."""
 from __future__ import annotations
 
+import os
 from importlib import resources
 from typing import Any, Mapping
 
+import torch
 from textual.app import App
 from textual.binding import Binding
 
@@ -12,10 +14,12 @@ from ...engine.errors import UserError
 from ...engine.sampling import SamplingParams
 from ..args import critical_setting, plan_request, remote_endpoint
 from ..config import Config, load_config, to_params, update_config_file
+from ..remote.providers import endpoint_spec
 from ..store import ChatStore
 from .backend import Backend, EngineBackend
 from .chat_screen import SCREEN_KEYS, ChatScreen
 from .commands import ChatCommands
+from .paste_parser import install
 
 # command-line attribute -> SamplingParams field (either spelling is accepted)
 _ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -103,8 +107,6 @@ class ChatApp(App):
 
 def run_tui(args) -> int:
     """args: the parsed command line (model, ctx, system, sampling flags; each optional)."""
-    from .paste_parser import install
-
     app = app_from_args(args)
     install()
     app.run()
@@ -121,15 +123,12 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
     if threads is not None:
         if threads <= 0:
             raise UserError("--threads must be > 0")
-        import torch
 
-        from ...engine import kernels
+        from ...engine import kernels  # deferred: loads the compiled kernels, numpy
 
         kernels.set_num_threads(threads)
         torch.set_num_threads(threads)
     if getattr(args, "offline", False):
-        import os
-
         os.environ["HF_HUB_OFFLINE"] = "1"
     ctx = getattr(args, "ctx", None)
     if ctx is not None and ctx <= 0:
@@ -139,8 +138,6 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
         backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
     model = getattr(args, "model", None)
     if getattr(args, "endpoint", None):  # chats go through that server; -m names its model
-        from ..remote.providers import endpoint_spec
-
         remote_endpoint(args)  # what only a local model has is refused in one line
         model = endpoint_spec(model, args.endpoint)
     chat_id = getattr(args, "chat", None)

@@ -11,7 +11,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from ...engine.errors import UserError
+from ...engine.generate import ChatSession
 from ...engine.sampling import SamplingParams
+from ..remote.chat import RemoteChat
+from ..remote.client import Endpoint, list_models
+from ..remote.providers import resolve
 
 # progress(what, done, total): ("load", 3, 30), ("download x.gguf · 12.0 MiB/s", bytes, bytes)
 Progress = Callable[[str, int, int], None]
@@ -53,8 +58,7 @@ class EngineBackend:
         self.placement = placement  # engine.plan.planner.PlanRequest: budgets, mode, W_Q cache fraction
 
     def load(self, spec: str, n_ctx: int | None, progress: Progress) -> LoadedModel:
-        from ...engine.loader import load_model
-        from ..remote.providers import resolve
+        from ...engine.loader import load_model  # deferred: loads the compiled kernels, gguf
 
         remote = resolve(spec)  # PROVIDER[:MODEL] of config.toml, or MODEL@URL: chats go to that server
         if remote is not None:
@@ -71,12 +75,7 @@ class EngineBackend:
                            size_bytes=int(m.file_bytes or 0), notes=notes)
 
     def new_chat(self, model: LoadedModel, system: str | None, params: SamplingParams):
-        from ...engine.generate import ChatSession
-        from ..remote.client import Endpoint
-
         if isinstance(model.handle, Endpoint):
-            from ..remote.chat import RemoteChat
-
             return RemoteChat(model.handle, system=system or None, params=params)
         return ChatSession(model.handle, system=system or None, params=params)
 
@@ -85,9 +84,6 @@ def load_remote(spec: str, ep, progress: Progress) -> LoadedModel:
     """A provider's model: asked for once (/v1/models), so a wrong URL, key or model name
     fails here, in one line. The server's own defaults and context apply; our `serve` also
     says where its model lives, which the status bar shows."""
-    from ...engine.errors import UserError
-    from ..remote.client import list_models
-
     where = ep.name or ep.base_url
     progress(f"connect {where}", 0, 1)
     models = list_models(ep)

@@ -23,9 +23,11 @@ from ...engine.errors import UserError
 from ...engine.events import Finished, PromptProcessed, TextDelta
 from ..config import to_params
 from .actions import ChatActions
+from .commands import static_choices
 from .context_meter import ContextMeter
 from .loading import ModelLoading
 from .message import MessageView, Note
+from .model_picker import available_models
 from .prompt_input import PromptInput, key_label
 from .status_bar import StatusBar
 
@@ -137,13 +139,9 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
                   f"{key_label(keys['models'])} picks another model.")
 
     def arg_choices(self, command: str) -> list[str]:
-        from .commands import static_choices
-
         if command == "/theme":
             return list(self.app.available_themes)
         if command == "/model":
-            from .model_picker import available_models
-
             return [spec for spec, _ in available_models() if spec]
         return static_choices(command)
 

@@ -39,7 +39,7 @@ class ConversionClock:
         self.t0, self.done0, self.rate = time.monotonic(), None, None
 
     def left(self, done: int, total: int) -> str:
-        from ...engine.pack.cost import fmt_duration, last_rate
+        from ...engine.pack.cost import fmt_duration, last_rate  # deferred: loads platformdirs
 
         if self.done0 is None or done < self.done0:
             self.t0, self.done0 = time.monotonic(), done

@@ -14,6 +14,7 @@ when it runs in a real terminal.
 """
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import time
@@ -73,8 +74,6 @@ def _driver_modules() -> list[str]:
 def install() -> bool:
     """Make Textual's terminal drivers parse input with ChatInputParser; False (and
     Textual's own parser) where a driver no longer looks the way this expects."""
-    import importlib
-
     done = False
     for name in _driver_modules():
         try:

@@ -31,7 +31,7 @@ def sparkline(values, top: int | None = None, width: int = 24) -> str:
 def _vram() -> str | None:
     """VRAM in use on the GPUs torch can see, without initialising CUDA if it is absent."""
     try:
-        import torch
+        import torch  # deferred: loads torch
 
         if not torch.cuda.is_available():
             return None

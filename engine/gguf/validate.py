@@ -15,8 +15,9 @@ from typing import Any, Mapping
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from ..errors import ModelFileError, UserError
 from ..hparams import ModelConfig, config_from_metadata
-from ..errors import ModelFileError
+from ..text.pretokenize import pre_settings
 from .reader import GGUFFile, TensorInfo
 
 # the types the engine computes with (weights.py dequantizes them; the kernels multiply them)
@@ -109,7 +110,7 @@ def _experts(c: ModelConfig, il: int, pack: bool) -> list[Need]:
     if not pack:
         return [Need(p + "ffn_gate_exps.weight", (H, ff, E)), Need(p + "ffn_up_exps.weight", (H, ff, E)),
                 Need(p + "ffn_down_exps.weight", (ff, H, E))]
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels
 
     out = []
     for kind, fmt in (("gate", "wq"), ("gate", "wr"), ("up", "wq"), ("up", "wr"), ("down", "wq"), ("down", "d4")):
@@ -208,8 +209,6 @@ def check_tokenizer(meta: Mapping[str, Any], path: Any, n_vocab: int | None = No
     if model == "gpt2":
         if merges is None:
             bad(p + "merges", "is missing, expected the merges of the BPE vocabulary")
-        from ..errors import UserError
-        from ..text.pretokenize import pre_settings
 
         try:
             pre_settings(pre)

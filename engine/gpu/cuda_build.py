@@ -22,7 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from filelock import FileLock
+
 from ..errors import UserError
+from ..paths import cache_dir
 
 MODULES = ("resplit_wq", "ggml_gemv")
 
@@ -147,10 +150,6 @@ def nvrtc_compile(lib, name: str, srcs: dict[str, bytes], arch: int) -> bytes:
 def build(arch: int, prefer: str | None = None, log=None) -> dict[str, Path]:
     """Cubins of every module for sm_<arch> (built once, then from the cache).
     prefer: "nvcc" or "nvrtc" forces a toolchain (RAPIDMOE_CUDA_COMPILER too)."""
-    from filelock import FileLock
-
-    from ..paths import cache_dir
-
     prefer = prefer or os.environ.get("RAPIDMOE_CUDA_COMPILER") or None
     d = source_dir()
     srcs = sources(d)

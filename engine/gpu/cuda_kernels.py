@@ -5,11 +5,13 @@ first use (engine/gpu/cuda_build.py) for this GPU's architecture.
 References (tests/gpu/check.py): the numpy oracles of the formats and torch."""
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import torch
 
-from .driver import Driver, Kernel
+from .cuda_build import build
+from .driver import Driver, EmulatedKernel, Kernel
 from .formats import GGUF_GEMV_TYPES
 
 # name -> (module, signature)
@@ -51,7 +53,6 @@ def _kernels(device: torch.device) -> dict[str, Kernel]:
     with _lock:
         if idx in _state:
             return _state[idx]
-        from .cuda_build import build
 
         major, minor = torch.cuda.get_device_capability(idx)
         paths = build(major * 10 + minor)
@@ -70,10 +71,6 @@ def _kernels(device: torch.device) -> dict[str, Kernel]:
 def use_emulator(lib_path: str | None) -> None:
     """Run every kernel through the CPU emulation library instead of a GPU (tests;
     tensors are then CPU tensors). None switches back."""
-    import ctypes
-
-    from .driver import EmulatedKernel
-
     if lib_path is None:
         _state.pop("emu", None)
         return

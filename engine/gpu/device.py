@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels as cpu_kernels
+from . import cuda_kernels as gk
+from .placement import place
+from .prefill import grouped_down, grouped_gate_up, grouped_gate_up_split, use_grouped
 
 
 class Pending:
@@ -235,8 +238,6 @@ class CudaDevice:
         return slots_gate_up(wg, wu, eid, x, xrow, swiglu, self._ids)
 
     def gate_up_split(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
-        from .prefill import grouped_gate_up_split, use_grouped
-
         if not use_grouped(eid):
             return split_gate_up(self, wg, wu, eid, x, xrow, n_crit)
         self.segment_begin("W_Q gate/up")
@@ -301,18 +302,12 @@ def split_gate_up(dev, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit:
 def slots_gate_up(wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, swiglu: bool, to_dev):
     """W_Q gate/up of the slots on the GPU kernels: GEMV for decode-sized batches,
     dequantize + GEMM when experts see several tokens. eid, xrow: host int tensors."""
-    from . import cuda_kernels as gk
-    from .prefill import grouped_gate_up, use_grouped
-
     if use_grouped(eid):
         return grouped_gate_up(wg, wu, eid, x, xrow, swiglu)
     return gk.wq_gate_up(wg, wu, to_dev(eid), to_dev(xrow), gk.wq_prep(x.contiguous()), swiglu)
 
 
 def slots_down(wd, eid: torch.Tensor, h, scale_dev: torch.Tensor, to_dev):
-    from . import cuda_kernels as gk
-    from .prefill import grouped_down, use_grouped
-
     if use_grouped(eid):
         return grouped_down(wd, eid, h, scale_dev)
     rows = torch.arange(eid.numel(), dtype=torch.int32)
@@ -323,7 +318,6 @@ def place_weight(w, device: torch.device):
     """A host weight (QWeight or float tensor) -> what the GPU kernels and torch read."""
     if w is None:
         return w
-    from .placement import place
 
     if isinstance(w, torch.Tensor) and w.dim() == 1:
         return w.to(device)
@@ -354,8 +348,6 @@ class EmulatedGpuDevice(StandInDevice):
         return self._run(lambda p: p[0], pair), self._run(lambda p: p[1], pair)
 
     def gate_up_split(self, wg, wu, eid: torch.Tensor, x, xrow: torch.Tensor, n_crit: int):
-        from .prefill import grouped_gate_up_split, use_grouped
-
         if not use_grouped(eid):
             return split_gate_up(self, wg, wu, eid, x, xrow, n_crit)
         copy = lambda g, u: (g.clone(), u.clone())  # noqa: E731  the host copy, taken when issued

@@ -63,7 +63,7 @@ class GpuQWeight:
 def place(weight, device="cuda", float_dtype=torch.bfloat16):
     """A CPU weight (engine.weights.QWeight or a float torch tensor) -> its GPU twin.
     Types the GPU kernels lack are expanded to float_dtype."""
-    from .. import kernels as cpu_kernels
+    from .. import kernels as cpu_kernels  # deferred: loads the compiled kernels
 
     if isinstance(weight, torch.Tensor):
         return weight.to(device, float_dtype)

@@ -7,9 +7,9 @@ import time
 
 def busy_fraction(fn) -> tuple[float, float]:
     """Run fn() once under the profiler -> (GPU busy seconds, wall seconds)."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    import torch  # deferred: loads torch
+    from torch.autograd import DeviceType  # deferred: loads torch
+    from torch.profiler import ProfilerActivity, profile  # deferred: loads torch
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

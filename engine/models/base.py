@@ -13,9 +13,9 @@ from ..hparams import ModelConfig
 from ..kv_types import DEFAULT_KV_TYPE
 from ..moe.block import MoEFFN
 from ..moe.router import RouterSpec
-from ..weights import Weights
 from ..ops import linear
-from .common import KVCache, Rope, default_kq_scale, embed, rms_norm
+from ..weights import Weights
+from .common import KVCache, Rope, attend, default_kq_scale, embed, rms_norm
 from .experts_loader import load_experts
 
 
@@ -49,8 +49,6 @@ class Attention:
             self.q_norm_np, self.k_norm_np = self.q_norm.numpy(), self.k_norm.numpy()
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
-        from .common import attend
-
         cfg, T = self.cfg, x.shape[0]
         q = linear(x, self.wq, self.bq)  # [T, nh*hd]
         k = linear(x, self.wk, self.bk)  # [T, nkv*hd]

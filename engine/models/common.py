@@ -12,7 +12,6 @@ from ..hparams import ModelConfig
 from ..kv_cache import KVRows
 from ..kv_types import DEFAULT_KV_TYPE
 
-
 ATTN_SCORES_BYTES = 16 << 20  # a prefill attention chunk's scores [n_head, c, S] stay about this size
 
 
@@ -26,7 +25,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     # decode kernels) do
     if w is None or x.dtype != torch.float32 or x.device.type != "cpu":
         return F.rms_norm(x, (x.shape[-1],), w, eps)
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels
 
     return torch.from_numpy(kernels.rms_norm(x.detach().numpy(), w.detach().numpy(), eps))
 
@@ -149,7 +148,7 @@ def embed(table, tokens: torch.Tensor) -> torch.Tensor:
     """Rows of the embedding table [V, H] (f32 tensor or QWeight) -> [T, H] f32."""
     if isinstance(table, torch.Tensor):
         return table[tokens]
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels
 
     rows = table.raw[tokens.numpy()]  # [T, row_bytes]: only the rows used are read
     return torch.from_numpy(kernels.ggml_dequantize(rows, table.qtype, rows.shape[0] * table.shape[-1])

@@ -19,15 +19,24 @@ import numpy as np
 from filelock import FileLock
 
 from .. import kernels
-from . import check as pack_check
 from ..errors import ModelFileError, UserError
 from ..gguf.reader import GGUFFile
 from ..gguf.validate import padded
 from ..gguf.writer import TensorSlot
-from .identity import locate_pack, packs_dir, source_identity
-from .layout import (EXPERT_KINDS, PACK_VERSION, PackPlan, content_key, convert_expert, index_digest, pack_path,
-                     plan_pack)
 from ..paths import fault_point, fsync_dir
+from . import check as pack_check
+from . import cost as pack_cost
+from .identity import locate_pack, packs_dir, source_identity
+from .layout import (
+    EXPERT_KINDS,
+    PACK_VERSION,
+    PackPlan,
+    content_key,
+    convert_expert,
+    index_digest,
+    pack_path,
+    plan_pack,
+)
 
 __all__ = ["PACK_VERSION", "convert", "open_pack", "pack_path", "source_identity", "verify_pack"]
 
@@ -122,8 +131,6 @@ def _write_record(rec_file: Path, header_sha: str, done: set[int], crcs: dict[in
 
 
 def _write(src: GGUFFile, ident: dict, out: Path, progress, log) -> None:
-    from . import cost as pack_cost
-
     plan = plan_pack(src, ident)
     partial = out.with_name(out.name + ".partial")
     rec_file = _record_path(out)

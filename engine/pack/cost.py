@@ -29,7 +29,7 @@ def _rate_file() -> Path:
 
 
 def _machine() -> dict:
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels, numpy
 
     return {"isa": str(kernels.isa_info().get("active", "")), "threads": kernels.num_threads(),
             "format": kernels.resplit_format_version(), "cpus": os.cpu_count()}
@@ -66,10 +66,10 @@ def record_rate(weights: int, seconds: float) -> None:
 def calibrate() -> float:
     """Time the converter's per-expert step (gate, up, down of one F16 expert
     slice) until CALIB_MIN_S has passed -> weights per second."""
-    import numpy as np
-    from gguf.constants import GGMLQuantizationType
+    import numpy as np  # deferred: loads numpy
+    from gguf.constants import GGMLQuantizationType  # deferred: loads gguf
 
-    from .layout import convert_expert
+    from .layout import convert_expert  # deferred: loads the compiled kernels, gguf
 
     rows, n = CALIB_SHAPE
     rng = np.random.default_rng(0)
@@ -90,8 +90,8 @@ def calibrate() -> float:
 def model_rate(g) -> float:
     """Time the converter on the first routed experts of an open source GGUF, in
     their own type and shape, until CALIB_MIN_S has passed -> weights per second."""
-    from ..gguf.validate import padded
-    from .layout import EXPERT_KINDS, convert_expert
+    from ..gguf.validate import padded  # deferred: loads gguf, numpy
+    from .layout import EXPERT_KINDS, convert_expert  # deferred: loads the compiled kernels, gguf
 
     il = next(il for il in range(10**6) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
     ts = [g.tensors[f"blk.{il}.ffn_{k}_exps.weight"] for k in EXPERT_KINDS]
@@ -156,7 +156,7 @@ def source_cost(g, ident: dict, measure: bool = True) -> dict:
     """The conversion cost of an open source GGUF: the pack's exact size (its
     layout is planned, nothing written) and the rate timed on its own experts
     (measure) or this machine's recorded one."""
-    from .layout import plan_pack
+    from .layout import plan_pack  # deferred: loads the compiled kernels, gguf
 
     plan = plan_pack(g, ident)
     return conversion_cost(plan.weights, plan.size, g if measure else None)
@@ -176,10 +176,10 @@ def first_use_note(weights: int, pack_bytes: int, where: Path, src=None) -> str:
 def first_use_label(path) -> str:
     """'' when the model's pack is there (or it has no routed experts), else a short
     'first use: about 25 min to convert, 17.6 GiB of disk' for lists of models."""
-    from ..gguf.reader import GGUFFile
-    from .identity import source_identity
-    from .layout import expert_layers, pack_path
-    from ..hparams import config_from_metadata
+    from ..gguf.reader import GGUFFile  # deferred: loads gguf, numpy
+    from ..hparams import config_from_metadata  # deferred: loads numpy
+    from .identity import source_identity  # deferred: loads gguf, numpy
+    from .layout import expert_layers, pack_path  # deferred: loads the compiled kernels, gguf
 
     with GGUFFile(path) as g:
         if not expert_layers(config_from_metadata(g.metadata, str(path)), g) or pack_path(g).exists():

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..hparams import ModelConfig
+import psutil
+
 from ..errors import UserError
 from ..gguf.reader import GGUFFile
+from ..hparams import ModelConfig
+from ..kv_types import kv_bytes, kv_values_per_token
 from ..units import fmt_bytes
+from .cgroup import cgroup_memory
+from .planner import dram_reserve_bytes
+from .sizes import cpu_workspace_bytes
 
 
 def full_precision_bytes(g: GGUFFile, cfg: ModelConfig, ctx: int, kv_type: str) -> dict[str, int]:
     """What a full-precision load allocates (beyond the mapped file), by part."""
-    from ..kv_types import kv_bytes, kv_values_per_token
-    from .sizes import cpu_workspace_bytes
-
     copies = 0
     for t in g.tensors.values():
         if t.type_name == "F32" or len(t.ne) == 1:  # F32 matrices and every vector become float32 arrays
@@ -34,10 +37,6 @@ def dram_budget_bytes(budget: int | None = None) -> int:
     """DRAM a load may use: the budget asked for, else what is available less the OS reserve."""
     if budget is not None:
         return budget
-    import psutil
-
-    from .cgroup import cgroup_memory
-    from .planner import dram_reserve_bytes
 
     vm = psutil.virtual_memory()
     total, avail = int(vm.total), int(vm.available)

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from ..errors import UserError
+from ..paths import cache_dir
 from .cgroup import cgroup_cpu_limit, cgroup_memory
 
 GiB = 1 << 30
@@ -203,8 +206,6 @@ STANDIN_NAME = "stand-in GPU (CPU)"
 def standin_gpus(value: str) -> tuple[GPUInfo, ...]:
     """RAPIDMOE_STANDIN_GPU=24 or 24,12 (GiB each) -> GPUs that the whole GPU path
     runs on, with the device work done by the CPU: the wiring is tested without one."""
-    from ..errors import UserError
-
     try:
         sizes = [float(v) for v in value.split(",")]
     except ValueError:
@@ -289,8 +290,6 @@ def run_probe(code: str, timeout: float = 20.0) -> tuple[bool, str]:
     if r.returncode == 0:
         return True, ""
     if r.returncode < 0:
-        import signal
-
         try:
             name = signal.Signals(-r.returncode).name
         except ValueError:
@@ -323,7 +322,7 @@ def probe_amx(force: bool = False) -> tuple[bool, str]:
 
 def cpu_kernel_path() -> tuple[str, str, tuple[str, ...]]:
     """-> (path in use, why, ISA flags) from the compiled kernels' own detection."""
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels, numpy
 
     info = kernels.isa_info()
     flags = tuple(k for k in ("avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_vbmi", "avx512_bf16") if info.get(k))
@@ -359,8 +358,6 @@ def disk_free(d: Path) -> int:
 
 def detect(amx: bool = True) -> HardwareRecord:
     """This machine's record. amx=False skips the AMX child process."""
-    from ..paths import cache_dir
-
     gpus, source, note = detect_gpus()
     vm = psutil.virtual_memory()
     total, avail = int(vm.total), int(vm.available)

@@ -5,16 +5,21 @@ the engine's working memory. The planner (plan.py) places these.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hparams import ModelConfig
 from ..errors import ModelFileError
 from ..gguf.reader import GGUFFile
+from ..gguf.validate import check_model
+from ..gpu.formats import vram_bytes
+from ..hparams import ModelConfig
 from ..kv_types import kv_bytes, kv_row_dims, kv_values_per_token
+from ..paths import cache_dir
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
@@ -32,9 +37,6 @@ def use_planned_allocator(threshold: int = 1 << 20) -> bool:
     input. (A prompt's buffers then fault their pages in on every forward: at
     8 MB prefill was a quarter faster, but the peak grew past what the plan
     counts.) Call once, early; False where it does not apply (not glibc)."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
@@ -90,7 +92,7 @@ class ModelSizes:
 
 def expert_part_bytes(cfg: ModelConfig) -> tuple[int, int, int]:
     """(WQ gate+up+down, WR gate+up, D4 down) bytes of one expert, as the pack lays them out."""
-    from .. import kernels
+    from .. import kernels  # deferred: loads the compiled kernels
 
     H, F = cfg.n_embd, cfg.n_ff_exp
     wq = 2 * F * kernels.resplit_row_bytes("wq", H) + H * kernels.resplit_row_bytes("wq", F)
@@ -110,12 +112,9 @@ def _layer_of(name: str) -> int | None:
 
 def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
     """Sizes from an open GGUF (a source model or a pack): only the header is read."""
-    from ..gguf.validate import check_model
-
     cfg = check_model(g, tokenizer=False)  # every count below is checked against the file's tensors first
     if not cfg.n_expert:
         raise ModelFileError(g.path, "no routed experts: nothing to split or place (plan is for MoE models)")
-    from ..gpu.formats import vram_bytes
 
     per_layer = [0] * cfg.n_layer
     gpu_layer = [0] * cfg.n_layer
@@ -214,11 +213,9 @@ def load_expert_frequencies(file: Path, s: ModelSizes) -> dict[int, list[float]]
 def calibrated_frequencies(model_path: Path, s: ModelSizes, gguf=None) -> dict[int, list[float]] | None:
     """Expert activation counts from this model's calibration on this machine, when
     there is one (they order the W_Q cache: hottest first). gguf: the source, open."""
-    from ..paths import cache_dir
-
     d = cache_dir() / "calibration"
     if not d.is_dir() or not any(d.glob("*.json")):
         return None  # nothing to read: spare the import of the calibration code (torch)
-    from .calibration import calibration_path
+    from .calibration import calibration_path  # deferred: loads torch, the compiled kernels
 
     return load_expert_frequencies(calibration_path(model_path, gguf), s)

@@ -16,7 +16,9 @@ from filelock import FileLock
 
 from .. import kernels
 from ..generate import PREFILL_CHUNK
+from ..gpu.profile import busy_fraction
 from ..paths import cache_dir
+from ..synth.arch import BENCH
 
 BENCH_SEED = 0
 
@@ -24,8 +26,7 @@ BENCH_SEED = 0
 def bench_model_path(progress=None) -> Path:
     """The synthetic qwen3moe with Qwen3-30B-A3B layer shapes (8 layers, 32
     experts, top-8, f16), written once into the cache dir."""
-    from ..synth.model import write_synthetic
-    from ..synth.arch import BENCH
+    from ..synth.model import write_synthetic  # deferred: loads gguf
 
     d = cache_dir() / "bench"
     d.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,7 @@ def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: i
     placement: the plan request (engine.plan.planner.PlanRequest) the model loads with.
     depth: context filled (untimed, in prefill chunks) before both tests, as
     llama-bench's -d: tg runs at positions depth.., pp over them."""
-    from ..loader import load_model
+    from ..loader import load_model  # deferred: loads gguf
 
     kernels.set_num_threads(threads)
     torch.set_num_threads(threads)
@@ -154,8 +155,6 @@ def gpu_step_figures(model, traces, cache, pos: int, token: int) -> dict:
            "gpu_busy_frac": None}
     if torch.cuda.is_available() and model.plan is not None and model.plan.mode != "cpu" \
             and model.plan.gpu_layers and not model.placement.startswith("stand-in"):
-        from ..gpu.profile import busy_fraction
-
         busy, wall = busy_fraction(lambda: model.runner.decode(token, pos, cache))
         out["gpu_busy_frac"] = round(busy / wall, 4) if wall else None
     return out

@@ -31,10 +31,12 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .evaluate import log_softmax
-from .latency import LatencyModel, measure
+from ..loader import load_model
 from ..moe.umia import UmiaProfile, critical_sizes, smooth_alpha
 from ..plan.calibration import CALIB_VERSION, calibration_path, machine_fingerprint, write_record
+from ..plan.planner import PlanRequest
+from .evaluate import log_softmax
+from .latency import LatencyModel, measure
 
 DEFAULT_BUDGET = 1.25  # decode time <= this x the r = 1 time
 ALPHA_SLOPES = (0.0, 1.4, 2.8, 4.2)  # log(α_first / α_last): shallow layers weigh more
@@ -225,9 +227,6 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
               progress=None, log=None, slopes=ALPHA_SLOPES, placement=None) -> dict:
     """Fit, cache and return the calibration record of this model on this machine,
     timed on the step that `placement`'s plan runs (default: the plan chat loads)."""
-    from ..loader import load_model
-    from ..plan.planner import PlanRequest
-
     if budget < 1.0:
         raise UserError("the latency budget must be >= 1 (a multiple of the r = 1 time)")
     if seg_len < 4 or seg_len % 2:

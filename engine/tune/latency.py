@@ -155,7 +155,7 @@ def _prefill_steps(model, rs: list[int], reps: int, progress=None) -> list[float
     """Seconds per token of a whole prefill call of PREFILL_CHUNK tokens at each
     fixed r: `reps` calls each (after one warm-up round), the r values in a fresh
     random order every round, every call from position 0 of its own cache."""
-    from ..moe.resplit import FixedCritical
+    from ..moe.resplit import FixedCritical  # deferred: loads torch
 
     run = model.runner
     n = max(1, min(model.n_ctx, PREFILL_CHUNK))
@@ -177,7 +177,7 @@ def _prefill_steps(model, rs: list[int], reps: int, progress=None) -> list[float
 def _decode_steps(model, rs: list[int], n: int, progress=None) -> list[float]:
     """Time of one whole decode step at each fixed r: n steps each, the r values
     in a fresh random order every round, all at the same position (it wraps at n_ctx)."""
-    from ..moe.resplit import FixedCritical
+    from ..moe.resplit import FixedCritical  # deferred: loads torch
 
     run = model.runner
     ctx = max(1, min(model.n_ctx, n + 1))
