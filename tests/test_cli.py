@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from rapidmoe.engine.synth.model import write_synthetic
 
 
@@ -219,7 +218,7 @@ def test_sizes_are_binary_units_everywhere(tmp_path, capsys):
     """Memory and file sizes in KiB/MiB/GiB (one helper), bandwidth in GB/s."""
     from rapidmoe.app.cmd_bench import _table
     from rapidmoe.app.cmd_plan import pack_disk_note
-    from rapidmoe.app.tui import status_bar
+    from rapidmoe.app.tui.widgets import status_bar
     from rapidmoe.engine.units import fmt_bytes
 
     assert [fmt_bytes(n) for n in (0, 1023, 1024, 12_600_000, 5 * 2**30 + 2**28, 121 * 2**30, 2**50)] == [

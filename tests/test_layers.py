@@ -35,8 +35,8 @@ def _copy(tmp_path: Path) -> Path:
 
 def test_a_cycle_or_an_upward_import_breaks_a_contract(tmp_path):
     pkg = _copy(tmp_path)
-    with open(pkg / "app" / "tui" / "chat_screen.py", "a") as f:
-        f.write("\n\ndef _probe():\n    from . import app  # a cycle inside a function counts too\n")
+    with open(pkg / "app" / "tui" / "screens" / "chat.py", "a") as f:
+        f.write("\n\ndef _probe():\n    from .. import app  # a cycle inside a function counts too\n")
     r = _lint(tmp_path)
     assert r.returncode == 1 and "No cycles are allowed in rapidmoe.app.tui" in r.stdout, r.stdout + r.stderr
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rapidmoe.app.cli import main
-from rapidmoe.app.tui.loading import ConversionClock
-from rapidmoe.app.tui.model_picker import available_models, recommended_models
-from rapidmoe.engine.pack import cost as pack_cost
+from rapidmoe.app.tui.screens.chat_loading import ConversionClock
+from rapidmoe.app.tui.screens.model_picker import available_models, recommended_models
 from rapidmoe.engine.hub.demo import demo_cache_path
+from rapidmoe.engine.pack import cost as pack_cost
 from rapidmoe.engine.pack.convert import convert
 from rapidmoe.engine.synth.model import write_synthetic
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rapidmoe.engine.hparams import config_from_metadata
 from rapidmoe.engine.plan.hardware import GPUInfo, HardwareRecord
-from rapidmoe.engine.plan.sizes import expert_part_bytes
 from rapidmoe.engine.plan.recommend import recommendations
+from rapidmoe.engine.plan.sizes import expert_part_bytes
 
 GB = 10**9
 
@@ -38,7 +38,7 @@ def test_expert_bytes_are_the_packs():
 
 
 def test_picker_lists_them_with_fit():
-    from rapidmoe.app.tui.model_picker import recommended_models
+    from rapidmoe.app.tui.screens.model_picker import recommended_models
 
     rows = dict(recommended_models(machine([], 16)))
     assert "fits (CPU-centric)" in rows["unsloth/OLMoE-1B-7B-0924-Instruct-GGUF:Q4_K_M"]

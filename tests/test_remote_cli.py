@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from serve_helpers import Server
 from test_cli import cli, one_line_error
 
@@ -147,7 +146,6 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
     """A provider's model loads as the TUI's model: the picker lists what the server serves,
     the reply streams with its tok/s, and the history says who answered."""
     from textual.widgets import OptionList
-
     from tui_helpers import SIZE, ready, send, wait_for
 
     tmp_path, env = home
@@ -182,7 +180,7 @@ def test_the_tui_chats_through_a_provider(home, srv, monkeypatch):
 
 def test_the_tui_shows_no_prompt_speed_a_server_did_not_report(tmp_path, bare_server, monkeypatch):
     """Status bar and the reply's footer: no "prompt 0 tok/s" from a server without timings."""
-    from rapidmoe.app.tui.message import MessageView
+    from rapidmoe.app.tui.widgets.message import MessageView
     from tui_helpers import SIZE, ready, send, wait_for
 
     (tmp_path / "config").mkdir()
@@ -207,7 +205,7 @@ def test_the_tui_shows_no_prompt_speed_a_server_did_not_report(tmp_path, bare_se
 
 def test_the_tui_keeps_a_reply_cut_by_a_dying_server(tmp_path, monkeypatch):
     """A server of its own, killed while the TUI's reply streams: what came stays, marked cut."""
-    from rapidmoe.app.tui.message import MessageView
+    from rapidmoe.app.tui.widgets.message import MessageView
     from tui_helpers import SIZE, notes, ready, send, wait_for
 
     doomed = Server("-m", "demo", "--precision", "full")

@@ -14,12 +14,11 @@ from textual.command import CommandList, CommandPalette
 from textual.widgets import Collapsible, Markdown, OptionList
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scripted_engine import ScriptedBackend  # noqa: E402
-
-from rapidmoe.app.tui.context_meter import ContextMeter  # noqa: E402
-from rapidmoe.app.tui.message import MessageView  # noqa: E402
-from rapidmoe.app.tui.status_bar import sparkline  # noqa: E402
 from rapidmoe.app.think import code_blocks, split_think  # noqa: E402
+from rapidmoe.app.tui.widgets.context_meter import ContextMeter  # noqa: E402
+from rapidmoe.app.tui.widgets.message import MessageView  # noqa: E402
+from rapidmoe.app.tui.widgets.status_bar import sparkline  # noqa: E402
+from scripted_engine import ScriptedBackend  # noqa: E402
 from tui_helpers import SIZE, chat_app, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
 
 
@@ -398,7 +397,7 @@ def test_attach_a_file_and_edit_in_editor(tmp_path, monkeypatch):
 
 
 def test_status_bar_keeps_the_important_fields_at_80_columns(tmp_path, monkeypatch):
-    from rapidmoe.app.tui import status_bar
+    from rapidmoe.app.tui.widgets import status_bar
 
     monkeypatch.setattr(status_bar, "_vram", lambda: "3.2 GiB")  # as on a machine with a GPU
     place = "GPU 0: attention + KV + W_Q 83% (121 GB) · CPU: residuals + all experts"

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from textual import events
-
+from rapidmoe.app.tui.widgets.message import MessageView
 from scripted_engine import ScriptedBackend
+from textual import events
 from tui_helpers import chat_app, notes, settle, wait_for
-
-from rapidmoe.app.tui.message import MessageView
 
 
 def test_input_keys_newlines_large_paste_and_history(tmp_path):
@@ -63,9 +61,8 @@ def _parse(parser, *reads, timeout_between=True, monkeypatch=None):
 
 
 def test_terminal_input_keeps_a_split_paste_whole(monkeypatch):
-    from textual._xterm_parser import XTermParser
-
     from rapidmoe.app.tui.paste_parser import ChatInputParser
+    from textual._xterm_parser import XTermParser
 
     text = "\r".join(f"line {i}" for i in range(300))  # terminals send a pasted newline as CR
     data = "\x1b[200~" + text + "\x1b[201~"

@@ -12,13 +12,12 @@ import pytest
 from textual.widgets import OptionList
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scripted_engine import ScriptedBackend  # noqa: E402
-
 from rapidmoe.app.config import load_config  # noqa: E402
 from rapidmoe.app.store import ChatStore  # noqa: E402
 from rapidmoe.app.tui.app import ChatApp  # noqa: E402
-from rapidmoe.app.tui.message import MessageView  # noqa: E402
+from rapidmoe.app.tui.widgets.message import MessageView  # noqa: E402
 from rapidmoe.engine.errors import UserError  # noqa: E402
+from scripted_engine import ScriptedBackend  # noqa: E402
 from tui_helpers import SIZE, make_app, notes, ready, reply, send, settle, views, wait_for  # noqa: E402
 
 
@@ -143,7 +142,6 @@ def test_download_from_a_local_hub_shows_progress_cancels_and_resumes(tmp_path, 
     """A REPO:QUANT typed in the TUI is pulled from a real HTTP server (tests/hub_server.py)
     with progress in the loading panel; Esc cancels it, a second try finishes and loads."""
     from hub_server import FakeHub
-
     from rapidmoe.app.tui.backend import EngineBackend
     from rapidmoe.engine.synth.model import write_synthetic
 

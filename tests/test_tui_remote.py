@@ -10,7 +10,6 @@ import re
 import threading
 
 import pytest
-
 from serve_helpers import StandIn
 from tui_helpers import SIZE, notes, ready, reply, views, wait_for
 
@@ -80,7 +79,7 @@ def test_the_status_bar_shows_the_critical_set_size_our_serve_reports(home):
     """Our serve adds a `rapidmoe` object (critical-set size per MoE layer) to its last chunk:
     through a provider, the status bar shows r and its sparkline as for a local model."""
     from rapidmoe.app.tui.app import app_from_args
-    from rapidmoe.app.tui.status_bar import sparkline
+    from rapidmoe.app.tui.widgets.status_bar import sparkline
 
     per_layer = [1.0, 2.5, 4.0, 0.5]
     stand = StandIn(models=("demo",), rapidmoe={"critical_mean": 2.0, "critical_per_layer": per_layer,
@@ -106,10 +105,9 @@ def test_the_model_picker_opens_at_once_and_fills_providers_as_they_answer(home)
     """Providers are asked in workers: a slow one leaves the picker usable, its line says
     it is being asked, and its models take that place when they come; an unreachable one
     is one line. Closing the picker while one is still asked is harmless."""
+    from rapidmoe.app.tui.screens.model_picker import ModelPicker
     from scripted_engine import ScriptedBackend
     from textual.widgets import OptionList
-
-    from rapidmoe.app.tui.model_picker import ModelPicker
     from tui_helpers import make_app
 
     slow, fast = StandIn(models=("a-model", "b-model"), slow=True), StandIn(models=("quick",))

@@ -4,12 +4,11 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from scripted_engine import ScriptedBackend
-
 from rapidmoe.app.config import load_config
 from rapidmoe.app.store import ChatStore
 from rapidmoe.app.tui.app import ChatApp
-from rapidmoe.app.tui.message import MessageView, Note
+from rapidmoe.app.tui.widgets.message import MessageView, Note
+from scripted_engine import ScriptedBackend
 
 SIZE = (110, 32)
 

@@ -17,9 +17,9 @@ from ..config import Config, load_config, to_params, update_config_file
 from ..remote.providers import endpoint_spec
 from ..store import ChatStore
 from .backend import Backend, EngineBackend
-from .chat_screen import SCREEN_KEYS, ChatScreen
 from .commands import ChatCommands
 from .paste_parser import install
+from .screens.chat import SCREEN_KEYS, ChatScreen
 
 # command-line attribute -> SamplingParams field (either spelling is accepted)
 _ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Markdown, Static
 
-from ..think import code_blocks, split_think
+from ...think import code_blocks, split_think
 
 LONG_PROMPT_LINES = 80
 

@@ -10,7 +10,7 @@ import psutil
 from rich.text import Text
 from textual.widgets import Static
 
-from ...engine.units import fmt_bytes  # noqa: F401  (the one size format; model_picker imports it from here)
+from ....engine.units import fmt_bytes  # noqa: F401  (the one size format; model_picker imports it from here)
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -11,10 +11,10 @@ from typing import Any
 from textual.message import Message
 from textual.widgets import ProgressBar, Static
 
-from ...engine.memory import release_freed
-from .context_meter import ContextMeter
-from .message import MessageView
-from .plain_words import plain_note, progress_label
+from ....engine.memory import release_freed
+from ..plain_words import plain_note, progress_label
+from ..widgets.context_meter import ContextMeter
+from ..widgets.message import MessageView
 
 WAITING_FOOTER = "waiting for the model to load · sent when it is ready (Esc cancels the load)"
 
@@ -39,7 +39,7 @@ class ConversionClock:
         self.t0, self.done0, self.rate = time.monotonic(), None, None
 
     def left(self, done: int, total: int) -> str:
-        from ...engine.pack.cost import fmt_duration, last_rate  # deferred: loads platformdirs
+        from ....engine.pack.cost import fmt_duration, last_rate  # deferred: loads platformdirs
 
         if self.done0 is None or done < self.done0:
             self.t0, self.done0 = time.monotonic(), done

@@ -16,19 +16,19 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...engine.plan.hardware import detect
-from .status_bar import fmt_bytes
+from ....engine.plan.hardware import detect
+from ..widgets.status_bar import fmt_bytes
 
 
 def available_models() -> list[tuple[str, str]]:
     """(spec, label) of what can load without a download."""
-    from ...engine.hub.demo import DEMO_NAME, demo_cache_path  # deferred: loads gguf, numpy
+    from ....engine.hub.demo import DEMO_NAME, demo_cache_path  # deferred: loads gguf, numpy
 
     demo = demo_cache_path()
     built = f"{fmt_bytes(demo.stat().st_size)}" if demo.is_file() else "built on first use"
     out = [("demo", f"demo · {DEMO_NAME} · {built}{_first_use(demo) if demo.is_file() else ''}")]
     try:
-        from ...engine.hub.pull import list_cached  # deferred: loads huggingface_hub, httpx2
+        from ....engine.hub.pull import list_cached  # deferred: loads huggingface_hub, httpx2
 
         dram = psutil.virtual_memory().total
         for m in list_cached():
@@ -45,8 +45,8 @@ def available_models() -> list[tuple[str, str]]:
 def ask_provider(name: str, entry: dict, timeout: float = 10.0) -> list[tuple[str, str]]:
     """(PROVIDER:MODEL, label) of what one provider of config.toml serves (its /v1/models);
     one disabled line saying why when it does not answer. Blocks: the picker runs it in a worker."""
-    from ..remote.client import list_models  # deferred: loads torch
-    from ..remote.providers import provider_endpoint  # deferred: loads torch
+    from ...remote.client import list_models  # deferred: loads torch
+    from ...remote.providers import provider_endpoint  # deferred: loads torch
 
     try:
         ep = provider_endpoint(name, entry)
@@ -62,7 +62,7 @@ def ask_provider(name: str, entry: dict, timeout: float = 10.0) -> list[tuple[st
 
 def _first_use(path) -> str:
     """' · first use: about 25 min to convert, 17.6 GiB of disk' until the model's pack is made."""
-    from ...engine.pack.cost import first_use_label  # deferred: loads platformdirs
+    from ....engine.pack.cost import first_use_label  # deferred: loads platformdirs
 
     try:
         label = first_use_label(path)
@@ -73,7 +73,7 @@ def _first_use(path) -> str:
 
 def _conversion(sizes) -> str:
     """' · then about 25 min to convert, 17.6 GiB of disk' (the converter's rate on this machine)."""
-    from ...engine.pack.cost import fmt_duration, sizes_cost  # deferred: loads platformdirs
+    from ....engine.pack.cost import fmt_duration, sizes_cost  # deferred: loads platformdirs
 
     if not sizes.n_moe_layers:
         return ""
@@ -84,7 +84,7 @@ def _conversion(sizes) -> str:
 def recommended_models(hw=None) -> list[tuple[str, str]]:
     """(spec, label) of recommended Hub models: download size and whether the
     residual-split plan fits this machine (planned from metadata, nothing fetched)."""
-    from ...engine.plan.recommend import recommendations  # deferred: loads gguf, numpy
+    from ....engine.plan.recommend import recommendations  # deferred: loads gguf, numpy
 
     out = []
     for r in recommendations(hw or detect(amx=False)):
@@ -122,7 +122,7 @@ class ModelPicker(ModalScreen[str | None]):
         return opts
 
     def compose(self) -> ComposeResult:
-        from ..remote.providers import provider_table  # deferred: loads torch
+        from ...remote.providers import provider_table  # deferred: loads torch
 
         self._local = available_models()
         try:

@@ -9,9 +9,9 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-from ...engine.errors import UserError
-from ...engine.sampling import SamplingParams
-from ..config import to_params
+from ....engine.errors import UserError
+from ....engine.sampling import SamplingParams
+from ...config import to_params
 
 FIELDS = [("temperature", float), ("top_k", int), ("top_p", float), ("min_p", float),
           ("repeat_penalty", float), ("seed", int), ("max_tokens", int), ("stop", str)]

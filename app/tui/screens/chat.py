@@ -19,17 +19,17 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 
-from ...engine.errors import UserError
-from ...engine.events import Finished, PromptProcessed, TextDelta
-from ..config import to_params
-from .actions import ChatActions
-from .commands import static_choices
-from .context_meter import ContextMeter
-from .loading import ModelLoading
-from .message import MessageView, Note
+from ....engine.errors import UserError
+from ....engine.events import Finished, PromptProcessed, TextDelta
+from ...config import to_params
+from ..commands import static_choices
+from ..widgets.context_meter import ContextMeter
+from ..widgets.message import MessageView, Note
+from ..widgets.prompt_input import PromptInput, key_label
+from ..widgets.status_bar import StatusBar
+from .chat_actions import ChatActions
+from .chat_loading import ModelLoading
 from .model_picker import available_models
-from .prompt_input import PromptInput, key_label
-from .status_bar import StatusBar
 
 # binding id (= action, = [keys] entry in the config) -> (default key, footer label)
 SCREEN_KEYS = {

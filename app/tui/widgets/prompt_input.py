@@ -10,7 +10,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from .commands import candidates, complete
+from ..commands import candidates, complete
 
 
 class PromptInput(TextArea):

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ...engine.errors import UserError
+from ....engine.errors import UserError
 
 
 class ChatsScreen(ModalScreen[tuple[str, int] | None]):

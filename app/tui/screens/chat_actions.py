@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ...engine.errors import UserError
-from ...engine.units import fmt_bytes
-from .attach import edit_in_editor, fenced_file
-from .chats_screen import ChatsScreen
-from .commands import help_text, parse_set, parse_slash
-from .context_meter import ContextMeter
-from .message import MessageView
+from ....engine.errors import UserError
+from ....engine.units import fmt_bytes
+from ..attach import edit_in_editor, fenced_file
+from ..commands import help_text, parse_set, parse_slash
+from ..widgets.context_meter import ContextMeter
+from ..widgets.message import MessageView
+from .chats import ChatsScreen
 
 
 class ChatActions:
@@ -161,7 +161,7 @@ class ChatActions:
         self.app.push_screen(ModelPicker(current=self.model.spec if self.model else None), done)
 
     def action_settings(self) -> None:
-        from .settings_screen import SettingsScreen  # deferred: loads platformdirs
+        from .settings import SettingsScreen  # deferred: loads platformdirs
 
         def done(result) -> None:
             if result is not None:

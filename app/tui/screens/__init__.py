@@ -1,0 +1,1 @@
+"""The TUI's screens: the chat (with its actions and model loading), the chat list, settings, the model picker."""

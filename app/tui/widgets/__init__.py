@@ -1,0 +1,1 @@
+"""The TUI's widgets: a message, the prompt input, the status bar, the context meter."""
