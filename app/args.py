@@ -5,6 +5,7 @@ one-line error (exit 2) before anything is loaded."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..engine.errors import UserError
 from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
@@ -22,6 +23,43 @@ def threads(v: str) -> int:
         raise argparse.ArgumentTypeError(f"must be in 1..{MAX_THREADS}, got {n}")
     return n
 
+
+
+def context(v: str) -> int:
+    """--ctx: a whole number of tokens > 0."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {v!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return n
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+
+
+def add_ctx_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ctx", type=context, default=None, help="context size in tokens (default: min(trained, 4096))")
+
+
+def apply_threads(n: int | None) -> None:
+    """--threads for the kernels' pool and torch alike (None: usable cores)."""
+    if n is None:
+        return
+    import torch  # deferred: loads torch
+
+    from ..engine import kernels  # deferred: loads the compiled kernels, numpy
+
+    kernels.set_num_threads(n)
+    torch.set_num_threads(n)
+
+
+def apply_offline(args) -> None:
+    """--offline: the Hub is never reached (the local cache only), here and in huggingface_hub."""
+    if getattr(args, "offline", False):
+        os.environ["HF_HUB_OFFLINE"] = "1"
 
 def _gib(v: str) -> float:
     try:
@@ -73,8 +111,8 @@ def plan_request(args):
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF path, Hugging Face REPO[:QUANT] (pulled when needed), or 'demo' (the default)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
-    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    add_ctx_argument(p)
+    add_threads_argument(p)
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--critical", type=critical_arg, default=None, metavar="R|auto",
                    help="residual split with R critical experts per token (R > k means k), or 'auto': "
@@ -107,6 +145,22 @@ def critical_setting(args, default_split: bool):
     if args.precision == "split" or default_split:
         return "auto"  # UMIA: the calibrated profile of this model and machine, else the default
     return None
+
+
+# parsed flag -> SamplingParams field (either spelling: callers may build the arguments themselves)
+SAMPLING_FLAGS = {"temp": "temperature", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                  "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens",
+                  "n_predict": "max_tokens", "stop": "stop"}
+
+
+def sampling_overrides(args) -> dict:
+    """The sampling flags that were given, as SamplingParams fields (lists become tuples)."""
+    out = {}
+    for attr, field in SAMPLING_FLAGS.items():
+        v = getattr(args, attr, None)
+        if v is not None:
+            out[field] = tuple(v) if isinstance(v, list) else v
+    return out
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ import sys
 
 from ..engine.errors import UserError
 from ..engine.units import fmt_bytes
-from .args import add_placement_arguments, plan_request, threads
+from .args import add_placement_arguments, add_threads_argument, plan_request
 from .cmd_chat import note
 from .progress import StepProgress
 
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--critical", type=_settings, default=None, metavar="R[,R...]",
                    help="critical-set sizes to measure, e.g. 8,2,0,auto ('k' = all routed, 'auto' = UMIA, 'full' = source weights); default: auto")
     p.add_argument("--precision", choices=("split", "full"), default=None, help="full: the source weights only")
-    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    add_threads_argument(p)
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens for the pp test (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens for the tg test (default 128)")
     p.add_argument("-d", "--depth", type=int, default=0, metavar="N",
@@ -68,8 +68,6 @@ def _placement_argv(args) -> list[str]:
 
 def _threads(args) -> int:
     if args.threads is not None:
-        if args.threads <= 0:
-            raise UserError("--threads must be > 0")
         return args.threads
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 

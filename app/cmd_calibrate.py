@@ -7,11 +7,10 @@ import argparse
 import contextlib
 import io
 import json
-import os
 
 from ..engine.errors import UserError
-from .args import add_placement_arguments, plan_request, threads
-from .cmd_chat import apply_threads, note
+from .args import add_placement_arguments, add_threads_argument, apply_offline, apply_threads, plan_request
+from .cmd_chat import note
 from .progress import StepProgress
 
 
@@ -24,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=256, help="calibration tokens (default 256; more: slower, steadier)")
     p.add_argument("--segment", type=int, default=128,
                    help="tokens per segment: first half prefill, second half decode (default 128)")
-    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    add_threads_argument(p)
     add_placement_arguments(p)  # the latency model is timed on the step this plan runs
     p.add_argument("--offline", action="store_true", help="never reach the Hub: use the local cache only")
     p.add_argument("--show", action="store_true", help="print the cached calibration of this model and machine")
@@ -42,8 +41,7 @@ def run(args) -> int:
     if args.tokens < args.segment:
         raise UserError("--tokens must be at least one --segment")
     apply_threads(args.threads)
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
+    apply_offline(args)
     # a bar on a terminal, plain lines in a log or pipe; --json keeps stderr for errors
     with StepProgress(enabled=not args.json) as prog:
         if args.model == "bench":

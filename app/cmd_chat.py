@@ -3,13 +3,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 
 from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
-from .args import add_model_arguments, add_sampling_arguments, critical_setting, plan_request, remote_endpoint
+from .args import (
+    add_model_arguments,
+    add_sampling_arguments,
+    apply_offline,
+    apply_threads,
+    critical_setting,
+    plan_request,
+    remote_endpoint,
+    sampling_overrides,
+)
 from .progress import StepProgress
 
 
@@ -29,26 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
-def sampling_overrides(args) -> dict:
-    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
-                stop=tuple(args.stop) if args.stop else None)
-
-
-def apply_threads(n: int | None) -> None:
-    """--threads for the kernels' pool and torch alike (None: usable cores)."""
-    if n is None:
-        return
-    if n <= 0:
-        raise UserError("--threads must be > 0")
-    import torch  # deferred: loads torch
-
-    from ..engine import kernels  # deferred: loads the compiled kernels, numpy
-
-    kernels.set_num_threads(n)
-    torch.set_num_threads(n)
-
-
 def note(msg: str) -> None:
     print(f"rapidmoe-chat: {msg}", file=sys.stderr)
 
@@ -57,10 +45,7 @@ def load_for_cli(args, quiet: bool = False, default_split: bool = False):
     from ..engine.loader import load_model  # deferred: loads torch, the compiled kernels
 
     apply_threads(args.threads)
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    if args.ctx is not None and args.ctx <= 0:
-        raise UserError("--ctx must be > 0")
+    apply_offline(args)
     from .cmd_pull import BarProgress, LineProgress  # deferred: loads huggingface_hub, httpx2
 
     dl = None if quiet else (BarProgress() if sys.stderr.isatty() else LineProgress())
@@ -99,7 +84,6 @@ def apply_config(args, cfg) -> None:
 
 
 def run_prompt(args, prompt: str) -> int:
-    from ..engine.generate import ChatSession, Session  # deferred: loads torch
     from ..engine.sampling import SamplingParams  # deferred: loads torch
     from .config import load_config  # deferred: loads platformdirs
     from .remote.client import RemoteError  # deferred: loads torch
@@ -113,32 +97,8 @@ def run_prompt(args, prompt: str) -> int:
         apply_config(args, cfg)
     remote = remote_endpoint(args)
     store, stored = (None, None) if args.raw else _open_history(args)
-    if remote is None:
-        model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
-        # the model's own defaults < config.toml [sampling] < flags, as in the TUI
-        params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
-                  .with_overrides(**sampling_overrides(args)))
-    else:  # the server's model: config.toml [sampling] < flags, sent with each request
-        model = None
-        params = SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args))
     cancel = threading.Event()
-    if remote is not None:
-        from .remote.chat import RemoteChat  # deferred: loads torch
-
-        system = args.system if args.system is not None else stored.system if stored else cfg.system
-        chat = RemoteChat(remote, system=system or None, params=params)
-        if stored is not None:
-            chat.messages += store.context(stored.id)
-        events = chat.send(prompt, cancel=cancel)
-    elif args.raw:
-        sess = Session(model, params)
-        events = sess.generate(model.tokenizer.encode(prompt, add_special=True, parse_special=False), params, cancel)
-    else:
-        system = args.system if args.system is not None else stored.system if stored else cfg.system
-        chat = ChatSession(model, system=system or None, params=params)
-        if stored is not None:
-            chat.messages += store.context(stored.id)
-        events = chat.send(prompt, cancel=cancel)
+    model, chat, system, events = _start_reply(args, prompt, cfg, remote, store, stored, cancel)
     out = sys.stdout
     final: Finished | None = None
     text_parts: list[str] = []
@@ -170,6 +130,45 @@ def run_prompt(args, prompt: str) -> int:
         out.flush()
         return 130
     assert final is not None
+    _print_result(args, final, model, chat, remote)
+    out.flush()
+    if store is not None and not args.no_history:  # after the reply is out: a failed write never loses it
+        _record(args, store, stored, prompt, final, system, chat.answered_by if remote else None)
+    return 0
+
+
+def _start_reply(args, prompt: str, cfg, remote, store, stored, cancel):
+    """The model (None for a server's), the chat object, the system prompt and the
+    reply's events: a server's chat, a raw completion, or a local chat."""
+    from ..engine.generate import ChatSession, Session  # deferred: loads torch
+    from ..engine.sampling import SamplingParams  # deferred: loads torch
+
+    system = args.system if args.system is not None else stored.system if stored else cfg.system
+    if remote is not None:  # the server's model: config.toml [sampling] < flags, sent with each request
+        from .remote.chat import RemoteChat  # deferred: loads torch
+
+        params = SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args))
+        chat = RemoteChat(remote, system=system or None, params=params)
+        if stored is not None:
+            chat.messages += store.context(stored.id)
+        return None, chat, system, chat.send(prompt, cancel=cancel)
+    model = load_for_cli(args, quiet=args.json or not sys.stderr.isatty(), default_split=True)
+    # the model's own defaults < config.toml [sampling] < flags, as in the TUI
+    params = (SamplingParams.from_metadata(model.metadata).with_overrides(**cfg.sampling_overrides())
+              .with_overrides(**sampling_overrides(args)))
+    if args.raw:
+        sess = Session(model, params)
+        ids = model.tokenizer.encode(prompt, add_special=True, parse_special=False)
+        return model, None, system, sess.generate(ids, params, cancel)
+    chat = ChatSession(model, system=system or None, params=params)
+    if stored is not None:
+        chat.messages += store.context(stored.id)
+    return model, chat, system, chat.send(prompt, cancel=cancel)
+
+
+def _print_result(args, final: Finished, model, chat, remote) -> None:
+    """--json's object, or the closing newline; --verbose's figures on stderr."""
+    out = sys.stdout
     if args.json:
         out.write(json.dumps({
             "text": final.text, "prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
@@ -194,10 +193,6 @@ def run_prompt(args, prompt: str) -> int:
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
         print(f"placement: {model.placement}" if model else f"answered by: {chat.answered_by} ({remote.base_url})",
               file=sys.stderr)
-    out.flush()
-    if store is not None and not args.no_history:  # after the reply is out: a failed write never loses it
-        _record(args, store, stored, prompt, final, system, chat.answered_by if remote else None)
-    return 0
 
 
 def _open_history(args):

@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import sys
 
-from ..engine.errors import UserError
-from .args import threads
+from .args import add_threads_argument, apply_threads
 from .cmd_chat import note
 from .progress import StepProgress
 
 
 def add_arguments(p) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF path, Hugging Face REPO[:QUANT], or 'demo'")
-    p.add_argument("--threads", type=threads, default=None, help="CPU threads (default: usable cores)")
+    add_threads_argument(p)
 
 
 def run(args) -> int:
-    from ..engine import kernels  # deferred: loads the compiled kernels, numpy
     from ..engine.loader import resolve_model_path  # deferred: loads torch, the compiled kernels
     from ..engine.pack.convert import convert  # deferred: loads the compiled kernels, gguf
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise UserError("--threads must be > 0")
-        kernels.set_num_threads(args.threads)
+    apply_threads(args.threads)
     with StepProgress(enabled=sys.stderr.isatty()) as prog:
         src = resolve_model_path(args.model, progress=prog)
         out = convert(src, progress=prog, log=note, full_check=True)  # an existing pack: every checksum

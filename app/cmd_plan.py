@@ -11,12 +11,12 @@ from pathlib import Path
 from ..engine.errors import ModelFileError, UserError
 from ..engine.hub.resolve import looks_local
 from ..engine.units import fmt_bytes
-from .args import add_placement_arguments, plan_request
+from .args import add_ctx_argument, add_placement_arguments, plan_request
 
 
 def add_arguments(p) -> None:
     p.add_argument("-m", "--model", default="demo", help="GGUF path, Hugging Face REPO[:QUANT], or 'demo' (the default)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: min(trained, 4096))")
+    add_ctx_argument(p)
     add_placement_arguments(p)
     p.add_argument("--hardware", default=None, metavar="FILE.json",
                    help="plan for the machine this JSON describes (doctor --json's \"hardware\" object)")
@@ -60,8 +60,6 @@ def make_plan(args):
     from ..engine.plan.planner import plan_model  # deferred: loads gguf, numpy
     from ..engine.plan.sizes import calibrated_frequencies, sizes_from_gguf  # deferred: loads gguf, numpy
 
-    if args.ctx is not None and args.ctx <= 0:
-        raise UserError("--ctx must be > 0")
     path = resolve(args.model)
     hw = load_hardware(args.hardware) if args.hardware else detect()
     with GGUFFile(path) as g:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -15,36 +14,19 @@ from typing import Any
 
 from ..engine.errors import UserError
 from ..engine.paths import data_dir
+from .store_sql import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Tx,
+    check_schema,
+    db_error,
+    one_line,
+    parse_params,
+    parse_stats,
+    statements,
+)
 
 DB_NAME = "history.db"
-
-# Each entry upgrades the schema by one version; never edit a shipped entry, append.
-MIGRATIONS: list[str] = [
-    # 1: chats, messages, state
-    """
-    CREATE TABLE chats (
-        id INTEGER PRIMARY KEY,
-        title TEXT NOT NULL,
-        model TEXT,
-        system TEXT NOT NULL DEFAULT '',
-        params TEXT NOT NULL DEFAULT '{}',
-        created REAL NOT NULL,
-        updated REAL NOT NULL
-    );
-    CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-        role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-        content TEXT NOT NULL,
-        created REAL NOT NULL
-    );
-    CREATE INDEX messages_by_chat ON messages(chat_id, id);
-    CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    """,
-    # 2: per-message generation stats (tok/s, TTFT, finish reason) as JSON
-    "ALTER TABLE messages ADD COLUMN stats TEXT;",
-]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def db_path() -> Path:
@@ -98,14 +80,14 @@ class ChatStore:
             if self.path is not None:  # damage shows now, not halfway through a later write
                 bad = [r[0] for r in self.db.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
                 if bad:
-                    raise UserError(f"{self.path}: the chat history is damaged ({_one_line(bad[0])}); "
+                    raise UserError(f"{self.path}: the chat history is damaged ({one_line(bad[0])}); "
                                     "move it away to start a new one")
             self._migrate()
-            _check_schema(self.db, self.path)
+            check_schema(self.db, self.path)
         except (sqlite3.Error, UserError) as e:
             if self.db is not None:
                 self.db.close()
-            raise _db_error(self.path, e, "cannot open") from None
+            raise db_error(self.path, e, "cannot open") from None
 
     def check_writable(self) -> None:
         """Fail now, in one line, where a later write would (a read-only file or folder, a
@@ -132,13 +114,13 @@ class ChatStore:
                             f"rapidmoe-chat understands ({SCHEMA_VERSION}); upgrade rapidmoe-chat")
         for v in range(have, SCHEMA_VERSION):
             with self._tx():  # executescript() would commit mid-way: run statements one by one
-                for stmt in _statements(MIGRATIONS[v]):
+                for stmt in statements(MIGRATIONS[v]):
                     self.db.execute(stmt)
                 self.db.execute("DELETE FROM schema_version")
                 self.db.execute("INSERT INTO schema_version VALUES (?)", (v + 1,))
 
     def _tx(self):
-        return _Tx(self.db)
+        return Tx(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -265,7 +247,7 @@ class ChatStore:
     def messages(self, chat_id: int) -> list[Message]:
         rows = self.db.execute("SELECT id, chat_id, role, content, created, stats FROM messages "
                                "WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], r[4], _stats(r[5])) for r in rows]
+        return [Message(r[0], r[1], r[2], r[3], r[4], parse_stats(r[5])) for r in rows]
 
     def context(self, chat_id: int) -> list[dict[str, str]]:
         """The chat as a model should see it: user and assistant turns alternating, each
@@ -328,88 +310,15 @@ class ChatStore:
 
 
 # Stored settings are sampling overrides: a name -> the JSON types its value may have.
-_PARAM_TYPES: dict[str, tuple[type, ...]] = {
-    "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "min_p": (int, float),
-    "repeat_penalty": (int, float), "repeat_last_n": (int,), "frequency_penalty": (int, float),
-    "presence_penalty": (int, float), "seed": (int, type(None)),
-    "max_tokens": (int,), "stop": (list,),
-}
-
-
-def _params(text: str) -> dict[str, Any]:
-    """A chat's stored settings -> dict; ValueError saying what is wrong."""
-    try:
-        p = json.loads(text)
-    except (TypeError, ValueError):
-        raise ValueError("not JSON") from None
-    if not isinstance(p, dict):
-        raise ValueError(f"a JSON {type(p).__name__}, not an object")
-    for k, v in p.items():
-        kinds = _PARAM_TYPES.get(k)
-        if kinds is None:
-            raise ValueError(f"unknown setting {k!r}")
-        if isinstance(v, bool) or not isinstance(v, kinds) or (
-                k == "stop" and not all(isinstance(x, str) for x in v)):
-            raise ValueError(f"{k} = {_one_line(json.dumps(v))[:40]}")
-        if isinstance(v, float) and v != v:
-            raise ValueError(f"{k} is NaN")
-    return p
-
-
 def _chat(row, path: Path | None, strict: bool = True) -> Chat:
     try:
-        params = _params(row[4])
+        params = parse_params(row[4])
     except ValueError as e:
         if strict:
             raise UserError(f"{path or 'history'}: chat {row[0]} has damaged settings ({e}); "
                             "start a new chat or delete this one") from None
         params = {}
     return Chat(row[0], row[1], row[2], row[3], params, row[5], row[6])
-
-
-def _stats(text: str | None) -> dict[str, Any] | None:
-    """A message's stats are informative: unreadable ones are dropped, not fatal."""
-    if not text:
-        return None
-    try:
-        s = json.loads(text)
-    except ValueError:
-        return None
-    return s if isinstance(s, dict) else None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _check_schema(db: sqlite3.Connection, path: Path | None) -> None:
-    """A database that is not ours (same file name, other tables or columns): say so now."""
-    want = {"chats": {"id", "title", "model", "system", "params", "created", "updated"},
-            "messages": {"id", "chat_id", "role", "content", "created", "stats"},
-            "state": {"key", "value"}}
-    for table, cols in want.items():
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
-        if not cols <= have:
-            raise UserError(f"{path}: not a rapidmoe-chat history (table {table} lacks "
-                            f"{', '.join(sorted(cols - have))}); move it away to start a new one")
-
-
-def _db_error(path: Path | None, e: Exception, doing: str = "cannot use") -> UserError:
-    if isinstance(e, UserError):
-        return e
-    msg = _one_line(e)
-    ro = path is not None and not (os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK)))
-    if ro or "readonly" in msg or "read-only" in msg:
-        hint = "the file or its folder is read-only; make it writable or use --no-history"
-    elif "locked" in msg or "busy" in msg:
-        hint = "another rapidmoe-chat holds it; try again when it is done"
-    elif "not a database" in msg or "malformed" in msg or "corrupt" in msg:
-        hint = "the file is damaged or not a chat history; move it away to start a new one"
-    elif "already exists" in msg or "no such" in msg:
-        hint = "not a rapidmoe-chat history; move it away to start a new one"
-    else:
-        hint = "check the file and its folder"
-    return UserError(f"{path or 'chat history'}: {doing} the chat history: {msg} ({hint})")
 
 
 def _guard(fn):
@@ -419,7 +328,7 @@ def _guard(fn):
         try:
             return fn(self, *args, **kw)
         except sqlite3.Error as e:
-            raise _db_error(self.path, e) from None
+            raise db_error(self.path, e) from None
     return wrapper
 
 
@@ -433,20 +342,3 @@ def _chat_dict(chat: Chat) -> dict[str, Any]:
             "params": chat.params, "created": chat.created, "updated": chat.updated}
 
 
-def _statements(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
-
-
-class _Tx:
-    """BEGIN IMMEDIATE ... COMMIT / ROLLBACK on a connection in autocommit mode."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
-    def __exit__(self, exc_type, *_):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-        return False

@@ -1,8 +1,8 @@
 """GGUF metadata -> a frozen ModelConfig (hyperparameters as llama.cpp reads them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -46,10 +46,27 @@ class ModelConfig:
     n_expert_groups: int
     n_group_used: int
     attn_scale: float  # 0 = 1/sqrt(head_dim)
-    extra: tuple[tuple[str, Any], ...] = ()  # arch-specific values (deepseek2 MLA, YaRN)
+    mla: MlaArgs | None = None  # deepseek2's attention and YaRN (None for every other architecture)
 
-    def get(self, key: str, default=None):
-        return dict(self.extra).get(key, default)
+
+@dataclass(frozen=True)
+class MlaArgs:
+    """deepseek2's MLA and YaRN hyperparameters, as llama.cpp reads them. MLA files
+    (split attn_k_b/attn_v_b) carry key_length_mla/value_length_mla and a one-head
+    key_length of kv_lora_rank + rope dims; legacy attn_kv_b files carry the
+    per-head sizes in key_length/value_length."""
+    q_lora_rank: int  # 0: a plain attn_q (V2-Lite)
+    kv_lora_rank: int
+    absorbed: bool  # split attn_k_b/attn_v_b (MLA files), not a legacy attn_kv_b
+    head_dim_k: int  # per-head key length of the decompressed keys (nope + rope)
+    head_dim_v: int
+    n_layer_nextn: int  # next-token-prediction blocks after the trunk (not run)
+    rope_scaling: str
+    yarn_orig_ctx: int
+    yarn_log_mul: float
+    rope_attn_factor: float
+    attn_temp_scale: float  # position-dependent query scaling (Mistral Large 3 in this architecture)
+    attn_temp_length: int
 
 
 def _scalar(v):
@@ -73,12 +90,9 @@ def _typed(path: str, key: str, v: Any, kind):
     return kind(v)
 
 
-def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> ModelConfig:
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFileError(path, "no general.architecture key")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(path, f"unsupported architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
+def _key_reader(meta: Mapping[str, Any], arch: str, path: str):
+    """key(name, default, kind): the value of `{arch}.{name}` as llama.cpp reads it
+    (per-layer arrays must be uniform); a missing key without a default is refused."""
 
     def key(name: str, default: Any = ..., kind=int):
         full = f"{arch}.{name}"
@@ -95,6 +109,17 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
             v = v[0]
         return _typed(path, full, v, kind)
 
+    return key
+
+
+def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(path, "no general.architecture key")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(path, f"unsupported architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+    key = _key_reader(meta, arch, path)
     n_embd = key("embedding_length")
     n_head = key("attention.head_count")
     if n_embd <= 0 or n_head <= 0 or n_embd > 1 << 20 or n_head > 4096:
@@ -112,14 +137,14 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     # deepseek2 files carry them as keys.
     gating = GATING_SOFTMAX
     norm_topk = arch in ("qwen3moe", "llama")
-    extra: dict[str, Any] = {}
+    mla = None
     n_layer = key("block_count")
     n_ff_shexp = key("expert_shared_feed_forward_length", 0)
     if arch == "deepseek2":
         gating = key("expert_gating_func", GATING_SOFTMAX) or GATING_SOFTMAX  # 0 (none): llama.cpp's softmax too
         norm_topk = key("expert_weights_norm", False, bool)
-        extra = _deepseek2_extra(key, head_dim, n_embd // n_head)
-        n_layer -= extra["n_layer_nextn"]  # next-token-prediction blocks sit after the trunk
+        mla = _mla_args(key, head_dim, n_embd // n_head)
+        n_layer -= mla.n_layer_nextn  # next-token-prediction blocks sit after the trunk
         n_ff_shexp = key("expert_feed_forward_length", 0) * key("expert_shared_count", 0)
         if f"{arch}.expert_gating_func" not in meta and n_layer in (47, 48) and n_vocab == 154880:
             gating = GATING_SIGMOID  # llama.cpp's default for GLM-4.7-Flash files without the key
@@ -151,36 +176,30 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
         n_expert_groups=key("expert_group_count", 0),
         n_group_used=key("expert_group_used_count", 0),
         attn_scale=key("attention.scale", 0.0, float),
-        extra=tuple(extra.items()),
+        mla=mla,
     )
     _validate(cfg, path)
     return cfg
 
 
-def _deepseek2_extra(key, head_dim: int, head_dim_default: int) -> dict[str, Any]:
-    """MLA and YaRN hyperparameters of deepseek2 files, as llama.cpp reads them.
-    MLA files (split attn_k_b/attn_v_b) carry key_length_mla/value_length_mla
-    and a one-head key_length of kv_lora_rank + rope dims; legacy attn_kv_b files
-    carry the per-head sizes in key_length/value_length."""
-    mla = key("attention.key_length_mla", 0) > 0 and key("attention.value_length_mla", 0) > 0
+def _mla_args(key, head_dim: int, head_dim_default: int) -> MlaArgs:
+    absorbed = key("attention.key_length_mla", 0) > 0 and key("attention.value_length_mla", 0) > 0
     log_mul = key("rope.scaling.yarn_log_multiplier", 0.0, float)
-    return {
-        "q_lora_rank": key("attention.q_lora_rank", 0),  # 0: a plain attn_q (V2-Lite)
-        "kv_lora_rank": key("attention.kv_lora_rank"),
-        "mla": mla,
-        "head_dim_k_mla": key("attention.key_length_mla") if mla else head_dim,
-        "head_dim_v_mla": key("attention.value_length_mla") if mla else key("attention.value_length",
-                                                                              head_dim_default),
-        "n_layer_nextn": key("nextn_predict_layers", 0),
-        "rope_scaling": key("rope.scaling.type", "linear", str),
-        "yarn_orig_ctx": key("rope.scaling.original_context_length", 0),
+    return MlaArgs(
+        q_lora_rank=key("attention.q_lora_rank", 0),
+        kv_lora_rank=key("attention.kv_lora_rank"),
+        absorbed=absorbed,
+        head_dim_k=key("attention.key_length_mla") if absorbed else head_dim,
+        head_dim_v=key("attention.value_length_mla") if absorbed else key("attention.value_length", head_dim_default),
+        n_layer_nextn=key("nextn_predict_layers", 0),
+        rope_scaling=key("rope.scaling.type", "linear", str),
+        yarn_orig_ctx=key("rope.scaling.original_context_length", 0),
         # converters write 0.1 * mscale_all_dim; llama.cpp divides the 0.1 back out
-        "yarn_log_mul": float(np.float32(log_mul) / np.float32(0.1)) if log_mul else 0.0,
-        "rope_attn_factor": key("rope.scaling.attn_factor", 1.0, float),
-        # position-dependent query scaling (Mistral Large 3 in this architecture)
-        "attn_temp_scale": key("attention.temperature_scale", 0.0, float),
-        "attn_temp_length": key("attention.temperature_length", 0),
-    }
+        yarn_log_mul=float(np.float32(log_mul) / np.float32(0.1)) if log_mul else 0.0,
+        rope_attn_factor=key("rope.scaling.attn_factor", 1.0, float),
+        attn_temp_scale=key("attention.temperature_scale", 0.0, float),
+        attn_temp_length=key("attention.temperature_length", 0),
+    )
 
 
 def _validate(c: ModelConfig, path: str) -> None:
@@ -224,15 +243,15 @@ def _validate(c: ModelConfig, path: str) -> None:
     elif c.arch != "llama":
         bad("expert_count missing: not a Mixture-of-Experts model")
     if c.arch == "deepseek2":
-        hk, kv = c.get("head_dim_k_mla"), c.get("kv_lora_rank")
-        if not 0 < c.rope_dim < hk or kv <= 0 or c.get("head_dim_v_mla") <= 0:
+        hk, kv = c.mla.head_dim_k, c.mla.kv_lora_rank
+        if not 0 < c.rope_dim < hk or kv <= 0 or c.mla.head_dim_v <= 0:
             bad(f"bad MLA sizes: key length {hk}, rope dims {c.rope_dim}, kv_lora_rank {kv}")
         if c.n_layer <= 0 or c.n_layer_dense_lead > c.n_layer:
             bad("bad nextn_predict_layers / leading_dense_block_count")
-        if c.get("attn_temp_scale") and c.get("attn_temp_length") <= 0:
+        if c.mla.attn_temp_scale and c.mla.attn_temp_length <= 0:
             bad("attention.temperature_scale needs a positive attention.temperature_length")
         for name in ("q_lora_rank", "kv_lora_rank", "n_layer_nextn", "yarn_orig_ctx", "attn_temp_length"):
-            if not 0 <= c.get(name) <= 1 << 20:
-                bad(f"bad {name} {c.get(name)}")
-        if c.get("rope_scaling") not in ("none", "linear", "yarn"):
-            bad(f"unsupported rope.scaling.type {c.get('rope_scaling')!r}")
+            if not 0 <= getattr(c.mla, name) <= 1 << 20:
+                bad(f"bad {name} {getattr(c.mla, name)}")
+        if c.mla.rope_scaling not in ("none", "linear", "yarn"):
+            bad(f"unsupported rope.scaling.type {c.mla.rope_scaling!r}")

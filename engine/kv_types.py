@@ -35,7 +35,7 @@ def kv_row_dims(cfg) -> tuple[int, ...]:
     rope key per token and layer (its values are the latent part), other architectures
     a K and a V row per KV head."""
     if cfg.arch == "deepseek2":
-        return cfg.get("kv_lora_rank") + cfg.rope_dim, cfg.get("kv_lora_rank")
+        return cfg.mla.kv_lora_rank + cfg.rope_dim, cfg.mla.kv_lora_rank
     return cfg.head_dim, cfg.head_dim_v
 
 

@@ -51,7 +51,7 @@ def v3_metadata(**over):
 
 def test_v3_kv_cache_is_latent_only():
     cfg = config_from_metadata(v3_metadata())
-    assert cfg.n_layer == 61 and cfg.get("n_layer_nextn") == 1  # the MTP block is not part of the trunk
+    assert cfg.n_layer == 61 and cfg.mla.n_layer_nextn == 1  # the MTP block is not part of the trunk
     per_token = kv_bytes(kv_values_per_token(cfg), "f16")
     assert per_token == 61 * (512 + 64) * 2 == 70272
     gb = per_token * 32768 / 1e9
@@ -63,15 +63,15 @@ def test_v3_kv_cache_is_latent_only():
 
 def test_v3_config_values():
     cfg = config_from_metadata(v3_metadata())
-    assert (cfg.get("q_lora_rank"), cfg.get("kv_lora_rank"), cfg.get("head_dim_k_mla"), cfg.get("head_dim_v_mla")) \
+    assert (cfg.mla.q_lora_rank, cfg.mla.kv_lora_rank, cfg.mla.head_dim_k, cfg.mla.head_dim_v) \
         == (1536, 512, 192, 128)
-    assert cfg.get("mla") and cfg.get("rope_scaling") == "yarn" and cfg.get("yarn_orig_ctx") == 4096
-    assert cfg.get("yarn_log_mul") == 1.0 and cfg.rope_freq_scale == 1 / 40
+    assert cfg.mla.absorbed and cfg.mla.rope_scaling == "yarn" and cfg.mla.yarn_orig_ctx == 4096
+    assert cfg.mla.yarn_log_mul == 1.0 and cfg.rope_freq_scale == 1 / 40
     assert cfg.n_ff_shexp == 2048 and cfg.n_layer_dense_lead == 3 and cfg.n_expert_groups == 8
     # V2-Lite files have no q LoRA key
     meta = v3_metadata()
     del meta["deepseek2.attention.q_lora_rank"]
-    assert config_from_metadata(meta).get("q_lora_rank") == 0
+    assert config_from_metadata(meta).mla.q_lora_rank == 0
 
 
 def test_gating_default_as_llama_cpp():
@@ -141,7 +141,7 @@ def _run(model, tokens, n_greedy=8):
 def test_legacy_kv_b_gives_identical_logits(files):
     """The same weights written as split attn_k_b/attn_v_b and as one attn_kv_b."""
     split, legacy = load_model(files["ds2_v3"], n_ctx=128), load_model(files["ds2_v3_legacy"], n_ctx=128)
-    assert not legacy.cfg.get("mla") and legacy.cfg.n_head_kv == 4
+    assert not legacy.cfg.mla.absorbed and legacy.cfg.n_head_kv == 4
     toks = split.tokenizer.encode(PROMPT, add_special=True, parse_special=False)
     a, _ = _run(split, toks)
     b, cache = _run(legacy, toks)

@@ -46,3 +46,20 @@ def test_a_cycle_or_an_upward_import_breaks_a_contract(tmp_path):
     r = _lint(tmp_path / "b")
     assert r.returncode == 1 and "rapidmoe.engine.kernels is not allowed to import rapidmoe.engine.moe" in r.stdout, \
         r.stdout + r.stderr
+
+
+def test_no_function_over_80_lines_and_no_module_over_400():
+    """The package's own size rule (ARCHITECTURE.md): a function that outgrows a screen
+    or a module that outgrows one responsibility is split, not let grow."""
+    import ast
+
+    pkg = Path(rapidmoe.__file__).parent
+    over = []
+    for p in sorted(pkg.rglob("*.py")):
+        src = p.read_text(encoding="utf-8")
+        if src.count("\n") > 400:
+            over.append(f"{p.relative_to(pkg)}: {src.count(chr(10))} lines")
+        for f in ast.walk(ast.parse(src)):
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > 80:
+                over.append(f"{p.relative_to(pkg)}:{f.lineno} {f.name}: {f.end_lineno - f.lineno + 1} lines")
+    assert not over, over

@@ -171,6 +171,24 @@ def payload(model: str | None, messages: list[dict], p: SamplingParams) -> dict:
     return body
 
 
+_DONE = object()
+
+
+def _chunk(line: str):
+    """An SSE line -> its JSON chunk (a dict), _DONE at `data: [DONE]`, or None for
+    anything else (comments, keep-alives, junk no server should send: skipped)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return _DONE
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
+
+
 def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: threading.Event | None = None,
                 stall_s: float = 60.0, retries: int = 3, extra_body: dict | None = None) -> Iterator:
     """Stream one reply as engine events. Errors (unreachable, 401, 404, a stall, a server
@@ -198,16 +216,10 @@ def stream_chat(ep: Endpoint, messages: list[dict], p: SamplingParams, cancel: t
             last = time.monotonic()
             if line is None or isinstance(line, Exception):
                 raise RemoteError(f"{ep.name or ep.base_url}: the connection ended before the reply did", text)
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            chunk = _chunk(line)
+            if chunk is _DONE:
                 break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
-            if not isinstance(chunk, dict):  # not a chunk any server sends: skipped
+            if chunk is None:
                 continue
             if "error" in chunk:
                 err = chunk["error"]

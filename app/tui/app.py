@@ -2,17 +2,15 @@
 shows the chat screen. `run_tui(args)` is what `rapidmoe-chat` without -p runs."""
 from __future__ import annotations
 
-import os
 from importlib import resources
 from typing import Any, Mapping
 
-import torch
 from textual.app import App
 from textual.binding import Binding
 
 from ...engine.errors import UserError
 from ...engine.sampling import SamplingParams
-from ..args import critical_setting, plan_request, remote_endpoint
+from ..args import apply_offline, apply_threads, critical_setting, plan_request, remote_endpoint, sampling_overrides
 from ..config import Config, load_config, to_params, update_config_file
 from ..remote.providers import endpoint_spec
 from ..store import ChatStore
@@ -20,12 +18,6 @@ from .backend import Backend, EngineBackend
 from .commands import ChatCommands
 from .paste_parser import install
 from .screens.chat import SCREEN_KEYS, ChatScreen
-
-# command-line attribute -> SamplingParams field (either spelling is accepted)
-_ARG_PARAMS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
-               "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed",
-               "max_tokens": "max_tokens", "n_predict": "max_tokens", "stop": "stop"}
-
 
 def _css() -> str:
     return resources.files("rapidmoe.assets").joinpath("app.tcss").read_text("utf-8")
@@ -114,25 +106,9 @@ def run_tui(args) -> int:
 
 
 def app_from_args(args, backend: Backend | None = None) -> ChatApp:
-    overrides = {}
-    for attr, field in _ARG_PARAMS.items():
-        v = getattr(args, attr, None)
-        if v is not None:
-            overrides[field] = tuple(v) if isinstance(v, list) else v
-    threads = getattr(args, "threads", None)
-    if threads is not None:
-        if threads <= 0:
-            raise UserError("--threads must be > 0")
-
-        from ...engine import kernels  # deferred: loads the compiled kernels, numpy
-
-        kernels.set_num_threads(threads)
-        torch.set_num_threads(threads)
-    if getattr(args, "offline", False):
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    ctx = getattr(args, "ctx", None)
-    if ctx is not None and ctx <= 0:
-        raise UserError("--ctx must be > 0")
+    overrides = sampling_overrides(args)
+    apply_threads(getattr(args, "threads", None))
+    apply_offline(args)
     if backend is None:
         # the same rules as -p: UMIA's residual split unless told otherwise, placed by the plan
         backend = EngineBackend(critical=critical_setting(args, True), placement=plan_request(args))
@@ -152,6 +128,6 @@ def app_from_args(args, backend: Backend | None = None) -> ChatApp:
     if getattr(args, "no_history", False):  # read what was asked for, write nothing
         store = ChatStore.scratch(store, chat_id=int(chat_id) if chat_id is not None else None)
         chat_id = store.last_chat().id if chat_id is not None else None
-    return ChatApp(backend=backend, store=store, model=model, n_ctx=ctx,
+    return ChatApp(backend=backend, store=store, model=model, n_ctx=getattr(args, "ctx", None),
                    system=getattr(args, "system", None), overrides=overrides,
                    chat_id=int(chat_id) if chat_id is not None else None)

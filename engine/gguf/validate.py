@@ -83,8 +83,8 @@ def _shared(c: ModelConfig, il: int, ff: int) -> list[Need]:
 
 def _deepseek2_layer(c: ModelConfig, il: int) -> list[Need]:
     p, H, nh = f"blk.{il}.", c.n_embd, c.n_head
-    kv, rd, hk, hv = c.get("kv_lora_rank"), c.rope_dim, c.get("head_dim_k_mla"), c.get("head_dim_v_mla")
-    nope, q_lora = hk - rd, c.get("q_lora_rank")
+    kv, rd, hk, hv = c.mla.kv_lora_rank, c.rope_dim, c.mla.head_dim_k, c.mla.head_dim_v
+    nope, q_lora = hk - rd, c.mla.q_lora_rank
     need = [Need(p + "attn_norm.weight", (H,)), Need(p + "ffn_norm.weight", (H,)),
             Need(p + "attn_kv_a_mqa.weight", (H, kv + rd)), Need(p + "attn_kv_a_norm.weight", (kv,)),
             Need(p + "attn_output.weight", (nh * hv, H))]
@@ -93,7 +93,7 @@ def _deepseek2_layer(c: ModelConfig, il: int) -> list[Need]:
                  Need(p + "attn_q_b.weight", (q_lora, nh * hk))]
     else:
         need += [Need(p + "attn_q.weight", (H, nh * hk))]
-    if c.get("mla"):
+    if c.mla.absorbed:
         need += [Need(p + "attn_k_b.weight", (nope, kv, nh)), Need(p + "attn_v_b.weight", (kv, hv, nh))]
     else:
         need += [Need(p + "attn_kv_b.weight", (kv, nh * (nope + hv)))]

@@ -25,12 +25,12 @@ def yarn_attn_factor(cfg: ModelConfig) -> float:
     llama.cpp then takes mscale = mscale_all_dim), divided by the
     1 + 0.1 ln(factor) that the rope itself multiplies back in."""
     af = 1.0
-    if cfg.get("rope_scaling") == "yarn":
+    if cfg.mla.rope_scaling == "yarn":
         factor = 1.0 / cfg.rope_freq_scale
-        if not cfg.get("yarn_log_mul") and factor > 1.0:
+        if not cfg.mla.yarn_log_mul and factor > 1.0:
             af = 1.0 + 0.1 * math.log(factor)
         af /= 1.0 + 0.1 * math.log(factor)
-    return af * cfg.get("rope_attn_factor")
+    return af * cfg.mla.rope_attn_factor
 
 
 class DeepSeek2(Transformer):
@@ -40,8 +40,8 @@ class DeepSeek2(Transformer):
 
 def build(cfg, W, n_ctx, progress=None) -> Transformer:
     af = yarn_attn_factor(cfg)
-    yarn = Yarn(attn_factor=af, n_ctx_orig=cfg.get("yarn_orig_ctx") or cfg.n_ctx_train,
-                ext_factor=1.0 if cfg.get("rope_scaling") == "yarn" else 0.0)
+    yarn = Yarn(attn_factor=af, n_ctx_orig=cfg.mla.yarn_orig_ctx or cfg.n_ctx_train,
+                ext_factor=1.0 if cfg.mla.rope_scaling == "yarn" else 0.0)
     rope = Rope(cfg, n_ctx, yarn)
     scale = kq_scale(cfg, af)
     H, ff_sh = cfg.n_embd, cfg.n_ff_shexp

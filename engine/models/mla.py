@@ -34,8 +34,8 @@ class MLACache:
     def __init__(self, cfg: ModelConfig, n_ctx: int, devices=None, kv_type: str = DEFAULT_KV_TYPE):
         self.n_ctx, self.kv_type = n_ctx, kv_type
         devs = devices or [None] * cfg.n_layer
-        check_kv_type(kv_type, (cfg.get("kv_lora_rank"),))  # the values are the rows' latent part
-        self.kv = [KVRows(n_ctx, 1, cfg.get("kv_lora_rank") + cfg.rope_dim, kv_type, d) for d in devs]
+        check_kv_type(kv_type, (cfg.mla.kv_lora_rank,))  # the values are the rows' latent part
+        self.kv = [KVRows(n_ctx, 1, cfg.mla.kv_lora_rank + cfg.rope_dim, kv_type, d) for d in devs]
 
     @property
     def nbytes(self) -> int:
@@ -46,8 +46,8 @@ def kq_scale(cfg: ModelConfig, attn_factor: float) -> float:
     """llama.cpp pre-scales the attention by YaRN's mscale squared, with the
     log multiplier (mscale_all_dim) applied: mscale^2 / sqrt(key length)."""
     ln = math.log(1.0 / cfg.rope_freq_scale)
-    mscale = attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * cfg.get("yarn_log_mul") * ln)
-    return mscale * mscale / math.sqrt(cfg.get("head_dim_k_mla"))
+    mscale = attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * cfg.mla.yarn_log_mul * ln)
+    return mscale * mscale / math.sqrt(cfg.mla.head_dim_k)
 
 
 def per_head(w, x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +65,11 @@ def per_head(w, x: torch.Tensor) -> torch.Tensor:
 class MLAttention:
     def __init__(self, cfg: ModelConfig, W: Weights, il: int, rope: Rope, scale: float):
         H, nh = cfg.n_embd, cfg.n_head
-        kv, rd, hk, hv = cfg.get("kv_lora_rank"), cfg.rope_dim, cfg.get("head_dim_k_mla"), cfg.get("head_dim_v_mla")
+        kv, rd, hk, hv = cfg.mla.kv_lora_rank, cfg.rope_dim, cfg.mla.head_dim_k, cfg.mla.head_dim_v
         self.nope = hk - rd
         p = f"blk.{il}."
         self.cfg, self.rope, self.scale, self.il = cfg, rope, scale, il
-        q_lora = cfg.get("q_lora_rank")
+        q_lora = cfg.mla.q_lora_rank
         if q_lora:
             self.wq_a = W.mat(p + "attn_q_a.weight", H, q_lora)
             self.q_a_norm = W.get(p + "attn_q_a_norm.weight", q_lora)
@@ -79,7 +79,7 @@ class MLAttention:
             self.wq = W.mat(p + "attn_q.weight", H, nh * hk)
         self.wkv_a = W.mat(p + "attn_kv_a_mqa.weight", H, kv + rd)
         self.kv_a_norm = W.get(p + "attn_kv_a_norm.weight", kv)
-        if cfg.get("mla"):  # per-head stacks, kept in their GGUF type like expert stacks
+        if cfg.mla.absorbed:  # per-head stacks, kept in their GGUF type like expert stacks
             self.k_b = W.mat(p + "attn_k_b.weight", self.nope, kv, nh)  # [nh, kv, nope]
             self.v_b = W.mat(p + "attn_v_b.weight", kv, hv, nh)  # [nh, hv, kv]
         else:  # legacy files: one attn_kv_b holding, per head, the k_nope rows then the v rows
@@ -107,9 +107,9 @@ class MLAttention:
         S = pos0 + T
 
         qcat = torch.cat([q_lat, q_pe], dim=-1)  # [T, nh, kv + rope]
-        if cfg.get("attn_temp_scale"):  # llama.cpp's per-position query temperature
+        if cfg.mla.attn_temp_scale:  # llama.cpp's per-position query temperature
             pos = torch.arange(pos0, S, dtype=torch.float64)
-            temp = torch.log(torch.floor(pos / cfg.get("attn_temp_length")) + 1) * cfg.get("attn_temp_scale") + 1
+            temp = torch.log(torch.floor(pos / cfg.mla.attn_temp_length) + 1) * cfg.mla.attn_temp_scale + 1
             qcat = qcat * temp.float().to(x.device)[:, None, None]
         if rows.device.type == "cpu":  # every head over the cached rows in place, flash-style over threads
             o_lat = torch.from_numpy(kernels.attn_cached(qcat.contiguous().numpy(), rows.array(), None, pos0, nh,

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import UserError
-from .hardware import GiB, HardwareRecord
 from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
-from .sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_workspace_bytes
 from ..units import fmt_bytes
+from .hardware import GiB, HardwareRecord
+from .sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_workspace_bytes
 
 CUDA_CONTEXT_BYTES = GiB // 2
 MIN_CTX = 256
@@ -235,15 +235,10 @@ def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequ
                 cache_fraction=req.cache_fraction, freqs=freqs, kv_type=req.kv_type)
 
 
-def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,
-         dram_budget: int | None = None, gpus: list[int] | None = None, mode: str | None = None,
-         cache_fraction: float | None = None, freqs: dict[int, list[float]] | None = None,
-         chunk: int = 256, suggest: bool = True, kv_type: str = DEFAULT_KV_TYPE) -> Plan:
-    """The placement of model `s` on machine `hw` for a context of `ctx` tokens.
-    vram_budget: bytes per GPU (default: its free VRAM); dram_budget: bytes
-    (default: available DRAM less the OS reserve); mode / cache_fraction force a
-    choice (default: the fastest mode that fits, caching as many experts as fit);
-    kv_type: the KV cache's type (engine/kv_cache.py)."""
+def _checked_request(s: ModelSizes, hw: HardwareRecord, ctx: int | None, mode: str | None,
+                     cache_fraction: float | None, gpus: list[int] | None, kv_type: str) -> tuple[int, list]:
+    """The context (default: the trained one, at most 4096) and the GPUs to use, after
+    every request is checked against the model and the machine."""
     check_kv_type(kv_type, s.kv_row_dims)
     ctx = ctx or min(s.n_ctx_train, 4096)
     if ctx <= 0:
@@ -262,6 +257,19 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
             names = ", ".join(str(i) for i in have) or "none"
             raise UserError(f"no GPU {missing[0]} here (GPUs: {names})")
         chosen = [have[i] for i in dict.fromkeys(gpus)]
+    return ctx, chosen
+
+
+def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,
+         dram_budget: int | None = None, gpus: list[int] | None = None, mode: str | None = None,
+         cache_fraction: float | None = None, freqs: dict[int, list[float]] | None = None,
+         chunk: int = 256, suggest: bool = True, kv_type: str = DEFAULT_KV_TYPE) -> Plan:
+    """The placement of model `s` on machine `hw` for a context of `ctx` tokens.
+    vram_budget: bytes per GPU (default: its free VRAM); dram_budget: bytes
+    (default: available DRAM less the OS reserve); mode / cache_fraction force a
+    choice (default: the fastest mode that fits, caching as many experts as fit);
+    kv_type: the KV cache's type (engine/kv_cache.py)."""
+    ctx, chosen = _checked_request(s, hw, ctx, mode, cache_fraction, gpus, kv_type)
     reserve = dram_reserve_bytes(hw.dram_total_bytes)
     dram_cap = dram_budget if dram_budget is not None else max(0, min(hw.dram_total_bytes - reserve,
                                                                      hw.dram_available_bytes))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
@@ -20,9 +19,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 
 from ....engine.errors import UserError
-from ....engine.events import Finished, PromptProcessed, TextDelta
+from ....engine.events import Finished, PromptProcessed
 from ...config import to_params
 from ..commands import static_choices
+from ..reply_stream import ReplyStream
 from ..widgets.context_meter import ContextMeter
 from ..widgets.message import MessageView, Note
 from ..widgets.prompt_input import PromptInput, key_label
@@ -68,9 +68,7 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         self.is_loading = False
         self.cancel = threading.Event()
         self.load_cancel = threading.Event()
-        self._buf: list[str] = []
-        self._buf_lock = threading.Lock()
-        self._live: dict[str, Any] = {}
+        self.stream = ReplyStream()
         self._current: MessageView | None = None
         self.stop_requested_at: float | None = None
         self.stop_latencies: list[float] = []
@@ -240,28 +238,15 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         self.generating = True
         self.status.set_state("thinking")
         self.status.set_stats(reset=True)
-        chat, cancel, params = self.engine_chat, self.cancel, self.params()
-        with self._buf_lock:
-            self._buf.clear()
-            self._live = {}
+        chat, cancel, params, stream = self.engine_chat, self.cancel, self.params(), self.stream
+        stream.reset()
 
         def work() -> None:
             try:
                 it = chat.send(text, cancel, params) if text is not None else chat.regenerate(cancel, params)
                 for e in it:
-                    if isinstance(e, TextDelta):
-                        with self._buf_lock:
-                            self._buf.append(e.text)
-                            self._live["decode_tok_s"] = e.decode_tok_s
-                            self._live["tokens"] = e.completion_tokens
-                            if e.critical is not None:
-                                self._live["critical"] = e.critical
-                    elif isinstance(e, PromptProcessed):
-                        with self._buf_lock:
-                            # 0: nobody measured it (a server that reports no timings)
-                            self._live.update(prompt_tok_s=e.prompt_tok_s or None, ttft_s=e.ttft_s, prompt=e)
-                    elif isinstance(e, Finished):
-                        self.post_message(ReplyDone(e, view))
+                    if (final := stream.put(e)) is not None:
+                        self.post_message(ReplyDone(final, view))
             except BaseException as e:
                 self.post_message(ReplyFailed(e, view, text))
 
@@ -270,10 +255,7 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
     async def _drain(self) -> None:
         """The timer: move buffered deltas into the reply being written."""
         view = self._current
-        with self._buf_lock:
-            text = "".join(self._buf)
-            self._buf.clear()
-            live = dict(self._live)
+        text, live = self.stream.take()
         if view is None:
             return
         if text:
@@ -382,10 +364,8 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         if not self.generating or view is None or self.chat is None:
             return
         self.cancel.set()
-        with self._buf_lock:
-            text = view.text + "".join(self._buf)
-            self._buf.clear()
-            live = dict(self._live)
+        written, live = self.stream.take()
+        text = view.text + written
         self.generating = False
         self._current = None
         stats = {"finish_reason": "cancelled", "cut": "quit", "completion_tokens": live.get("tokens", 0),
