@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..engine.errors import UserError
+from ..engine.errors import SettingError, UserError
 from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
 MAX_THREADS = 1024  # more is a typo: each thread costs the OpenMP runtime and the kernels' pool memory
@@ -152,6 +152,8 @@ SAMPLING_FLAGS = {"temp": "temperature", "temperature": "temperature", "top_k": 
                   "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens",
                   "n_predict": "max_tokens", "stop": "stop"}
 
+FLAG_OF = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+           "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens", "stop": "--stop"}
 
 def sampling_overrides(args) -> dict:
     """The sampling flags that were given, as SamplingParams fields (lists become tuples)."""
@@ -187,3 +189,11 @@ def remote_endpoint(args):
         if given:
             raise UserError(f"{flag} applies to local models only, not to {ep.name or ep.base_url}")
     return ep
+
+
+def check_sampling(params) -> None:
+    """SamplingParams from the flags, checked: a value out of range is one line naming its flag."""
+    try:
+        params.validate()
+    except SettingError as e:
+        raise UserError(f"{FLAG_OF.get(e.field, e.field)} {e.rule}") from None

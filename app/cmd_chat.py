@@ -13,6 +13,7 @@ from .args import (
     add_sampling_arguments,
     apply_offline,
     apply_threads,
+    check_sampling,
     critical_setting,
     plan_request,
     remote_endpoint,
@@ -90,7 +91,7 @@ def run_prompt(args, prompt: str) -> int:
 
     # a bad config, bad flags and a bad --chat id fail before anything is loaded or converted
     cfg = load_config()
-    SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args)).validate()
+    check_sampling(SamplingParams().with_overrides(**cfg.sampling_overrides()).with_overrides(**sampling_overrides(args)))
     if args.raw and args.system:
         raise UserError("--system has no effect with --raw")
     if getattr(args, "endpoint", None) is None:  # with --endpoint, -m alone names the server's model

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..engine.errors import UserError
+from ..engine.errors import SettingError, UserError
 from ..engine.paths import config_dir
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ def _check_sampling(where: str, key: str, value: Any) -> None:
 
     try:
         SamplingParams().with_overrides(**{key: value}).validate()
-    except UserError as e:  # "--top-p must be in (0, 1]" -> "...: sampling.top_p must be in (0, 1]"
-        raise UserError(f"{where}: sampling.{key} {str(e).split(' ', 1)[1]}") from None
+    except SettingError as e:
+        raise UserError(f"{where}: sampling.{key} {e.rule}") from None
 
 
 def _typed(where: str, key: str, value: Any, kind: type) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .errors import UserError
+from .errors import SettingError, UserError
 
 
 @dataclass(frozen=True)
@@ -48,19 +48,19 @@ class SamplingParams:
 
     def validate(self) -> None:
         if not 0 <= self.temperature < math.inf:  # (the negated forms refuse NaN as well)
-            raise UserError("--temp must be >= 0 and finite")
+            raise SettingError("temperature", "must be >= 0 and finite")
         if not 0 < self.top_p <= 1:
-            raise UserError("--top-p must be in (0, 1]")
+            raise SettingError("top_p", "must be in (0, 1]")
         if not 0 <= self.min_p <= 1:
-            raise UserError("--min-p must be in [0, 1]")
+            raise SettingError("min_p", "must be in [0, 1]")
         if self.top_k < 0:
-            raise UserError("--top-k must be >= 0 (0 = off)")
+            raise SettingError("top_k", "must be >= 0 (0 = off)")
         if not 0 < self.repeat_penalty < math.inf:
-            raise UserError("--repeat-penalty must be > 0 and finite")
+            raise SettingError("repeat_penalty", "must be > 0 and finite")
         if self.max_tokens <= 0:
-            raise UserError("--max-tokens must be > 0")
+            raise SettingError("max_tokens", "must be > 0")
         if self.seed is not None and not -2**63 <= self.seed < 2**64:  # what a torch.Generator takes
-            raise UserError("--seed must be in [-2**63, 2**64)")
+            raise SettingError("seed", "must be in [-2**63, 2**64)")
 
 
 class Sampler:

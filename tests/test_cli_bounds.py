@@ -119,3 +119,21 @@ def test_nan_logits_are_one_line(tmp_path, capsys, temp):
         assert main(["-m", str(path), "-p", "hi", "-n", "2", "--no-history", "--temp", temp,
                      "--precision", precision]) == 2
         one_line(capsys, "NaN or infinite logits")
+
+
+def test_the_engine_names_a_setting_its_own_way_and_the_app_names_the_flag():
+    """SamplingParams speaks of its fields (a server or the TUI's /set show that); the CLI
+    turns the field into the flag its user typed."""
+    from rapidmoe.app.args import FLAG_OF, check_sampling
+    from rapidmoe.engine.errors import SettingError, UserError
+    from rapidmoe.engine.sampling import SamplingParams
+
+    for field, bad in (("temperature", -1.0), ("top_p", 0.0), ("min_p", 2.0), ("top_k", -1),
+                       ("repeat_penalty", float("nan")), ("max_tokens", 0), ("seed", 2**70)):
+        p = SamplingParams(**{field: bad})
+        with pytest.raises(SettingError) as e:
+            p.validate()
+        assert e.value.field == field and str(e.value) == f"{field} {e.value.rule}" and "--" not in str(e.value)
+        with pytest.raises(UserError) as e2:
+            check_sampling(p)
+        assert str(e2.value) == f"{FLAG_OF[field]} {e.value.rule}"
