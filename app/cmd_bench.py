@@ -11,28 +11,17 @@ import sys
 
 from ..engine.errors import UserError
 from ..engine.units import fmt_bytes
-from .args import add_placement_arguments, add_threads_argument, plan_request
+from .args import add_placement_arguments, add_threads_argument, critical_arg, plan_request
 from .cmd_chat import note
 from .progress import StepProgress
 
 
 def _settings(v: str) -> list:
+    """--critical for bench: a comma list of critical-set sizes, 'auto', 'k' or 'full'."""
     out = []
     for part in v.split(","):
         part = part.strip()
-        if part == "full":
-            out.append(None)
-            continue
-        if part in ("auto", "k"):
-            out.append(part)
-            continue
-        try:
-            r = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected numbers of critical experts (or 'auto', 'full'), got {part!r}") from None
-        if r < 0:
-            raise argparse.ArgumentTypeError("critical-set sizes must be >= 0")
-        out.append(r)
+        out.append(None if part == "full" else part if part == "k" else critical_arg(part))
     return out
 
 
