@@ -7,9 +7,8 @@ import torch
 
 from .. import kernels
 from ..ops import linear, swiglu_ffn
-from .resplit import FixedCritical, ResplitExperts
+from .resplit import ResplitExperts
 from .router import RouterSpec, route
-from .umia import UmiaPolicy
 
 
 class SharedExpert:
@@ -55,18 +54,12 @@ class MoEFFN:
         """decode_block covers this layer: the CPU step, residual-split experts under a
         fixed or UMIA policy (any router, a shared expert or none)."""
         return (step.fused and type(self.experts) is ResplitExperts
-                and isinstance(step.policy, (FixedCritical, UmiaPolicy)))
+                and hasattr(step.policy, "kernel_args"))
 
     def crit_args(self, step) -> tuple[int, float, float, int, int]:
         """This layer's critical-set policy as the fused kernels take it: (fixed, ab, theta,
         r_min, r_max), fixed >= 0 for a fixed r, -1 for UMIA (ab = α(layer)·β(phase))."""
-        pol = step.policy
-        if isinstance(pol, FixedCritical):
-            return pol.r, 0.0, 0.0, 0, 0
-        p = pol.profile
-        prefill = step.prefill if pol.phase is None else pol.phase == "prefill"
-        ab = p.alpha[min(self.experts.layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
-        return -1, ab, p.theta, p.r_min, min(p.r_max, pol.k)
+        return step.policy.kernel_args(self.experts.layer, step.prefill)
 
     def chain_args(self) -> dict:
         """The expert half's operands as DecodeChain.add takes them."""

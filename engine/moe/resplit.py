@@ -20,6 +20,10 @@ class FixedCritical:
         # w [T, k] sorted by selection score -> r per token [T]
         return np.full(w.shape[0], min(self.r, w.shape[1]), dtype=np.int32)
 
+    def kernel_args(self, layer: int, prefill: bool) -> tuple[int, float, float, int, int]:
+        """This policy as the fused decode kernels take it: (fixed r, 0, 0, 0, 0)."""
+        return self.r, 0.0, 0.0, 0, 0
+
 
 class ResplitExperts:
     """Stacked experts in the pack's formats: *_q [E, rows, rb(wq)], *_r [E, ff, rb(wr)],

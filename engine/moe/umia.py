@@ -116,3 +116,11 @@ class UmiaPolicy:
         if self.phase is not None:
             prefill = self.phase == "prefill"
         return critical_sizes(self.profile, w.detach().cpu().numpy(), layer, prefill, min(self.k, w.shape[1]))
+
+    def kernel_args(self, layer: int, prefill: bool) -> tuple[int, float, float, int, int]:
+        """This policy as the fused decode kernels take it: (-1, α(layer)·β(phase), θ, r_min, r_max)."""
+        p = self.profile
+        if self.phase is not None:
+            prefill = self.phase == "prefill"
+        ab = p.alpha[min(layer, len(p.alpha) - 1)] * (p.beta_prefill if prefill else p.beta_decode)
+        return -1, ab, p.theta, p.r_min, min(p.r_max, self.k)
