@@ -139,12 +139,15 @@ def critical_setting(args, default_split: bool):
     if args.precision == "full" and args.critical is not None:
         raise UserError("--precision full and --critical exclude each other")
     if args.precision == "full":
-        return None
-    if args.critical is not None:
-        return args.critical
-    if args.precision == "split" or default_split:
-        return "auto"  # UMIA: the calibrated profile of this model and machine, else the default
-    return None
+        r = None
+    elif args.critical is not None:
+        r = args.critical
+    else:  # UMIA: the calibrated profile of this model and machine, else the default
+        r = "auto" if args.precision == "split" or default_split else None
+    mode = getattr(args, "mode", None)
+    if r is None and mode in ("gpu-residual", "gpu-partial"):
+        raise UserError(f"--mode {mode} places the residual split: it needs --critical, not full precision")
+    return r
 
 
 # parsed flag -> SamplingParams field (either spelling: callers may build the arguments themselves)

@@ -18,7 +18,7 @@ def check_kv_type(kv_type: str, dims=()) -> str:
         raise UserError(f"unknown KV cache type {kv_type!r}; use one of {', '.join(KV_TYPES)}")
     bad = [d for d in dims if kv_type == "q8_0" and d % Q8_BLOCK]
     if bad:
-        raise UserError(f"--kv-type q8_0 needs head sizes that are multiples of {Q8_BLOCK} (this model has {bad[0]});"
+        raise UserError(f"a q8_0 KV cache needs head sizes that are multiples of {Q8_BLOCK} (this model has {bad[0]});"
                         " use f16")
     return kv_type
 

@@ -102,7 +102,8 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         gguf.close()
         gguf = pack
     elif placement is not None and placement.mode not in (None, "cpu"):
-        raise UserError(f"--mode {placement.mode} places the residual split: it needs --critical, not full precision")
+        raise UserError(f"a {placement.mode} plan places the residual split: it needs a critical-set policy, "
+                        "not full precision")
     W = Weights(gguf, is_pack=policy is not None)
 
     def layer_progress(done, total):
@@ -175,7 +176,7 @@ def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: 
     if critical == "k":
         critical = cfg.n_expert_used
     if not isinstance(critical, int) or critical < 0:
-        raise UserError("--critical must be >= 0")
+        raise UserError(f"the critical-set size must be a whole number >= 0, not {critical!r}")
     if critical > cfg.n_expert_used:
         if log:
             log(f"--critical {critical} is more than the {cfg.n_expert_used} routed experts per token: using {cfg.n_expert_used}")

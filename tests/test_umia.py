@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rapidmoe.app.args import critical_arg, critical_setting
+from rapidmoe.engine.errors import UserError
 from rapidmoe.engine.plan.calibration import calibration_path
 from rapidmoe.engine.hparams import config_from_metadata
 from rapidmoe.engine.gguf.reader import GGUFFile
@@ -111,6 +112,15 @@ def test_cli_accepts_auto_and_p_defaults_to_it():
 
     assert critical_setting(A(), default_split=True) == "auto"
     assert critical_setting(A(), default_split=False) is None
+
+    class Gpu(A):  # a GPU mode places the residual split: full precision is refused by its flags' names
+        mode = "gpu-partial"
+
+    assert critical_setting(Gpu(), default_split=True) == "auto"
+    for precision, default_split in (("full", True), (None, False)):
+        Gpu.precision = precision
+        with pytest.raises(UserError, match=r"^--mode gpu-partial places the residual split: it needs --critical"):
+            critical_setting(Gpu(), default_split=default_split)
 
 
 def test_auto_through_the_engine_follows_the_cached_profile(tmp_path):
