@@ -24,7 +24,6 @@ def threads(v: str) -> int:
     return n
 
 
-
 def context(v: str) -> int:
     """--ctx: a whole number of tokens > 0."""
     try:
@@ -60,6 +59,7 @@ def apply_offline(args) -> None:
     """--offline: the Hub is never reached (the local cache only), here and in huggingface_hub."""
     if getattr(args, "offline", False):
         os.environ["HF_HUB_OFFLINE"] = "1"
+
 
 def _gib(v: str) -> float:
     try:
@@ -157,6 +157,7 @@ SAMPLING_FLAGS = {"temp": "temperature", "temperature": "temperature", "top_k": 
 
 FLAG_OF = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
            "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens", "stop": "--stop"}
+
 
 def sampling_overrides(args) -> dict:
     """The sampling flags that were given, as SamplingParams fields (lists become tuples)."""

@@ -53,7 +53,6 @@ def test_doctor_text():
         assert label in out
 
 
-
 def test_unknown_forced_isa_is_one_line_naming_the_paths():
     for bogus in ("bogus", "avx2-bogus", "AVX2"):  # the compiled module took the last two as avx2 / nothing
         r = subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", "doctor"], capture_output=True, text=True,

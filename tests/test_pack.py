@@ -20,6 +20,8 @@ from rapidmoe.engine.pack.convert import convert, pack_path, source_identity, ve
 def ident(path):
     with GGUFFile(path) as g:
         return source_identity(g)
+
+
 from rapidmoe.engine.synth.model import write_synthetic
 
 

@@ -19,6 +19,7 @@ from .commands import ChatCommands
 from .paste_parser import install
 from .screens.chat import SCREEN_KEYS, ChatScreen
 
+
 def _css() -> str:
     return resources.files("rapidmoe.assets").joinpath("app.tcss").read_text("utf-8")
 

@@ -41,6 +41,7 @@ def edit_in_editor(app, text: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False, encoding="utf-8") as f:
         f.write(text)
         path = f.name
+
     def run() -> int:
         try:
             return subprocess.call([*shlex.split(cmd), path])

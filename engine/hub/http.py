@@ -23,6 +23,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from ..errors import UserError
 
+
 class NotAHub(UserError):
     """An answer no Hugging Face Hub gives (a page, garbage, a redirect loop): like no
     answer at all, a fully cached model still works."""

@@ -104,7 +104,6 @@ class Attention:
         return torch.from_numpy(out).view(1, -1)
 
 
-
 class Block:
     """Pre-norm residual block: x + attn(norm(x)); h + ffn(norm(h))."""
 

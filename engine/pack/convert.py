@@ -40,6 +40,7 @@ from .layout import (
 
 __all__ = ["PACK_VERSION", "convert", "open_pack", "pack_path", "source_identity", "verify_pack"]
 
+
 def verify_pack(path: Path, ident: dict, sample: int | None = pack_check.SAMPLE_UNITS, progress=None) -> GGUFFile:
     """Open a pack and check its version, source, tensor index digest and the
     checksums of a random sample of its units (all of them when sample is None)."""
