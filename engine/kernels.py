@@ -7,7 +7,7 @@ import numpy as np
 
 from .errors import UserError
 
-# RAPIDMOE_ISA values the compiled module knows (csrc/cpu/isa.cpp); it reads the
+# RAPIDMOE_ISA values the compiled module knows (csrc/cpu/common/isa.cpp); it reads the
 # variable itself and would take anything else as "no override"
 ISA_PATHS = ("scalar", "avx2-novnni", "avx2", "avx512", "avx512-novbmi", "avx512-novnni")
 
@@ -54,7 +54,7 @@ def read_bandwidth_gbs(nbytes: int = 1 << 30, passes: int = 3) -> float:
     return float(_cpu.read_bandwidth_gbs(buf, passes))
 
 
-# ---- GGUF tensor types kept in their source format (csrc/cpu/ggml_*.cpp) ----
+# ---- GGUF tensor types kept in their source format (csrc/cpu/ggml/ggml_*.cpp) ----
 # `qtype` is the GGUF type id (gguf.GGMLQuantizationType): F32, F16, BF16, Q8_0,
 # Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Weights are passed as the
 # tensor's own bytes (e.g. a memory-mapped GGUF view) and never copied.
@@ -95,7 +95,7 @@ def ggml_expert_matmul(w: np.ndarray, qtype: int, expert_ids: np.ndarray, x: np.
     return _cpu.ggml_expert_matmul(_as_bytes(w), int(qtype), ids, x)
 
 
-# ---- decode attention and the fused decode block halves (csrc/cpu/attn.h, decode.h) ----
+# ---- decode attention and the fused decode block halves (csrc/cpu/attn/attn.h, decode.h) ----
 def _f32(a):
     return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
@@ -188,7 +188,7 @@ def decode_chain():
     return _cpu.DecodeChain()
 
 
-# ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit.h, oracle engine/quant/resplit_oracle.py) ----
+# ---- resplit expert formats: WQ / WR / D4 (csrc/cpu/resplit/resplit.h, oracle engine/quant/resplit_oracle.py) ----
 def resplit_format_version() -> int:
     """Version of the WQ/WR/D4 bytes and their meaning (a pack made with another is stale)."""
     return int(_cpu.resplit_format_version())

@@ -1,7 +1,7 @@
 """The rows that hold one layer's keys or values in a KV cache type (engine/kv_types.py).
 
 Rows are written as float32 and read back as float32; the CPU decode kernels
-(csrc/cpu/attn.h) read and write the same bytes in place, so a cache filled by a
+(csrc/cpu/attn/attn.h) read and write the same bytes in place, so a cache filled by a
 prefill here and extended by the kernels is one cache."""
 from __future__ import annotations
 

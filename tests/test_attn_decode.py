@@ -1,4 +1,4 @@
-"""The decode attention kernel (csrc/cpu/attn.cpp) against the torch path it replaces
+"""The decode attention kernel (csrc/cpu/attn/attn.cpp) against the torch path it replaces
 (engine/models/common.py: rms_norm, Rope, attend) on odd shapes."""
 import numpy as np
 import pytest

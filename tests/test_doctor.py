@@ -64,7 +64,7 @@ def test_unknown_forced_isa_is_one_line_naming_the_paths():
 
 
 def test_isa_paths_are_the_compiled_modules():
-    """The names the check accepts are the ones csrc/cpu/isa.cpp compares RAPIDMOE_ISA with."""
-    src = (Path(__file__).parents[1] / "csrc" / "cpu" / "isa.cpp").read_text()
+    """The names the check accepts are the ones csrc/cpu/common/isa.cpp compares RAPIDMOE_ISA with."""
+    src = (Path(__file__).parents[1] / "csrc" / "cpu" / "common" / "isa.cpp").read_text()
     assert all(f'"{p}"' in src for p in ISA_PATHS)
     assert set(ISA_PATHS) == {"scalar", "avx2", "avx2-novnni", "avx512", "avx512-novbmi", "avx512-novnni"}

@@ -1,5 +1,5 @@
 """KV cache types (engine/kv_types.py, engine/kv_cache.py) and the decode attention over
-them (csrc/cpu/attn.cpp: attn_cached, kv_store) against torch references on odd shapes,
+them (csrc/cpu/attn/attn.cpp: attn_cached, kv_store) against torch references on odd shapes,
 and whole models run with each type against the exact f32 cache."""
 from __future__ import annotations
 

@@ -5,11 +5,12 @@
 
 #include <vector>
 
-#include "convert.h"
-#include "ggml_kernels.h"
-#include "isa.h"
-#include "membench.h"
-#include "threadpool.h"
+#include "common/convert.h"
+#include "ggml/ggml_kernels.h"
+#include "common/isa.h"
+#include "common/membench.h"
+#include "common/threadpool.h"
+#include "kernel_table.h"
 
 using namespace rmoe::bind;
 
@@ -30,7 +31,7 @@ F32Array convert_rows(const U16Array& src, void (*fn)(const uint16_t*, float*, s
 py::dict isa_info() {
   const auto& f = rmoe::cpu_features();
   py::dict d;
-  d["active"] = rmoe::isa_name(rmoe::active_isa());
+  d["active"] = rmoe::isa_name(rmoe::kernels().isa);
   d["avx2"] = f.avx2 && f.fma && f.f16c && f.os_avx;
   d["avx512"] = f.avx512f && f.avx512bw && f.avx512vl && f.os_avx512;
   d["avx512_vnni"] = f.avx512vnni;

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "resplit.h"
+#include "resplit/resplit.h"
 
 namespace py = pybind11;
 

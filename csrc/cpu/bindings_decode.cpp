@@ -1,14 +1,14 @@
-// Bindings of decode attention and the fused decode blocks (csrc/cpu/attn.h,
+// Bindings of decode attention and the fused decode blocks (csrc/cpu/attn/attn.h,
 // decode.h): the attention kernels over a KV cache used in place, each fused
 // block half, and DecodeChain, which runs a token through many blocks in one call.
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "attn.h"
+#include "attn/attn.h"
 #include "bindings.h"
 #include "decode.h"
-#include "ggml_kernels.h"
+#include "ggml/ggml_kernels.h"
 
 namespace rmoe {
 namespace bind {

@@ -1,4 +1,4 @@
-// Bindings of the residual-split formats (csrc/cpu/resplit.h): quantizers,
+// Bindings of the residual-split formats (csrc/cpu/resplit/resplit.h): quantizers,
 // dequantizers, the batched expert GEMM and the split-execution MoE layer.
 #include <vector>
 

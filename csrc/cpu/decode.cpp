@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ggml_kernels.h"
+#include "ggml/ggml_kernels.h"
 
 namespace rmoe {
 

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attn.h"
-#include "resplit.h"
+#include "attn/attn.h"
+#include "resplit/resplit.h"
 
 namespace rmoe {
 

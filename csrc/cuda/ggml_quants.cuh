@@ -1,5 +1,5 @@
 // GGUF block types kept in their source format on the GPU (non-expert weights):
-// Q8_0, Q4_K, Q5_K, Q6_K. Layouts as drawn in csrc/cpu/ggml_blocks.h; the math
+// Q8_0, Q4_K, Q5_K, Q6_K. Layouts as drawn in csrc/cpu/ggml/ggml_blocks.h; the math
 // follows gguf-py's dequantizer (products rounded before the subtraction).
 // The unit of work is a chunk of 32 weights: a Q8_0 block, or 1/8 of a K-quant
 // super-block (e = 32c + l).

@@ -1,4 +1,4 @@
-// W_Q (engine/quant/resplit_oracle.py, csrc/cpu/resplit.h) on the GPU: the
+// W_Q (engine/quant/resplit_oracle.py, csrc/cpu/resplit/resplit.h) on the GPU: the
 // per-block math, shared by the kernels and by the host harness that checks it.
 //
 // Activations are prepared once per row of x (wq_prep): per 32-block, x is

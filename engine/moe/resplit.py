@@ -1,7 +1,7 @@
 """The residual-split switch layer (DESIGN.md §2): per token, the first r routed
 experts (by router weight) are critical — gate/up = x·WQ + x·WR, silu·mul, down
 from the D4 copy — the other k − r run WQ for gate, up and down. One kernel
-call per layer (csrc/cpu/resplit_*)."""
+call per layer (csrc/cpu/resplit/resplit_*)."""
 from __future__ import annotations
 
 import numpy as np

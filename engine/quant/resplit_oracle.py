@@ -1,6 +1,6 @@
 """numpy oracle of the residual-split expert formats (WQ, WR, D4).
 
-The C++ quantizers (csrc/cpu/resplit_quant.cpp) must reproduce these bytes
+The C++ quantizers (csrc/cpu/resplit/resplit_quant.cpp) must reproduce these bytes
 exactly, so every float step here is float32, every reduction runs in a fixed
 order (sequential, or the 16-lane tree of resplit_joint.tree16), and rounding
 is round-half-even.
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 3  # = kFormatVersion in csrc/cpu/resplit.h; bumped when bytes or their meaning change
+FORMAT_VERSION = 3  # = kFormatVersion in csrc/cpu/resplit/resplit.h; bumped when bytes or their meaning change
 WQ_BLOCK, WQ_BYTES = 32, 8
 WR_BLOCK, WR_HEADER = 64, 2
 WR_CODE_BITS = {1: 3, 2: 5, 3: 7}    # code width by blocks in the group
