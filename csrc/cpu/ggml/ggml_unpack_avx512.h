@@ -243,44 +243,20 @@ RMOE_INLINE void q6_k(const uint8_t* b, K& o) {
 
 
 // 16 weights of a float type as one "block".
+constexpr int lanes = 16;
 template <class K>
-RMOE_INLINE void f32x16(const uint8_t* b, K& o) { o.put(0, _mm512_loadu_ps(reinterpret_cast<const float*>(b))); }
+RMOE_INLINE void f32v(const uint8_t* b, K& o) { o.put(0, _mm512_loadu_ps(reinterpret_cast<const float*>(b))); }
 template <class K>
-RMOE_INLINE void f16x16(const uint8_t* b, K& o) {
+RMOE_INLINE void f16v(const uint8_t* b, K& o) {
   o.put(0, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
 }
 template <class K>
-RMOE_INLINE void bf16x16(const uint8_t* b, K& o) {
+RMOE_INLINE void bf16v(const uint8_t* b, K& o) {
   const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
   o.put(0, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
 }
 
-// One traits struct per type: block (weights), bytes, unpack(block, sink).
-#define RMOE_UNPACKER(NAME, FN, BLOCK, BYTES)                                            \
-  struct NAME {                                                                          \
-    enum { block = BLOCK, bytes = BYTES };                                               \
-    template <class K>                                                                   \
-    static RMOE_INLINE void unpack(const uint8_t* b, K& k) { FN(b, k); }                 \
-  };
-RMOE_UNPACKER(UF32, f32x16, 16, 64)
-RMOE_UNPACKER(UF16, f16x16, 16, 32)
-RMOE_UNPACKER(UBF16, bf16x16, 16, 32)
-RMOE_UNPACKER(UQ4_0, q4_0, 32, 18)
-RMOE_UNPACKER(UQ4_1, q4_1, 32, 20)
-RMOE_UNPACKER(UQ5_0, q5_0, 32, 22)
-RMOE_UNPACKER(UQ5_1, q5_1, 32, 24)
-RMOE_UNPACKER(UQ8_0, q8_0, 32, 34)
-RMOE_UNPACKER(UQ2_K, q2_k, 256, 84)
-RMOE_UNPACKER(UQ3_K, q3_k, 256, 110)
-RMOE_UNPACKER(UQ4_K, q4_k, 256, 144)
-RMOE_UNPACKER(UQ5_K, q5_k, 256, 176)
-RMOE_UNPACKER(UQ6_K, q6_k, 256, 210)
-#undef RMOE_UNPACKER
-
-// X(type id, traits) for every type; float types unpack 16 weights at a time.
-#define RMOE_GGML_FOR_TYPES(X) \
-  X(F32, UF32) X(F16, UF16) X(BF16, UBF16) X(Q4_0, UQ4_0) X(Q4_1, UQ4_1) X(Q5_0, UQ5_0) X(Q5_1, UQ5_1) \
-  X(Q8_0, UQ8_0) X(Q2_K, UQ2_K) X(Q3_K, UQ3_K) X(Q4_K, UQ4_K) X(Q5_K, UQ5_K) X(Q6_K, UQ6_K)
+#include "ggml/ggml_unpack_types.inc"
 
 #undef RMOE_NOFUSE
 
