@@ -7,13 +7,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .arch import ARCHS
+from .arch.deepseek2 import MlaArgs  # cfg.mla's type
+from .arch.spec import GATING_SIGMOID, GATING_SOFTMAX, ArchSpec
 from .errors import ModelFileError
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen2moe", "llama", "olmoe", "deepseek2")
-# llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x0,x1),
-# "neox" rotates (x_i, x_{i+d/2}).
-ROPE_STYLE = {"llama": "norm", "deepseek2": "norm", "qwen3moe": "neox", "qwen2moe": "neox", "olmoe": "neox"}
-GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 MAX_EXPERTS = 4096  # llama.cpp stops at 512 routed experts; 4096 leaves room and bounds every table
 
 
@@ -47,26 +45,6 @@ class ModelConfig:
     n_group_used: int
     attn_scale: float  # 0 = 1/sqrt(head_dim)
     mla: MlaArgs | None = None  # deepseek2's attention and YaRN (None for every other architecture)
-
-
-@dataclass(frozen=True)
-class MlaArgs:
-    """deepseek2's MLA and YaRN hyperparameters, as llama.cpp reads them. MLA files
-    (split attn_k_b/attn_v_b) carry key_length_mla/value_length_mla and a one-head
-    key_length of kv_lora_rank + rope dims; legacy attn_kv_b files carry the
-    per-head sizes in key_length/value_length."""
-    q_lora_rank: int  # 0: a plain attn_q (V2-Lite)
-    kv_lora_rank: int
-    absorbed: bool  # split attn_k_b/attn_v_b (MLA files), not a legacy attn_kv_b
-    head_dim_k: int  # per-head key length of the decompressed keys (nope + rope)
-    head_dim_v: int
-    n_layer_nextn: int  # next-token-prediction blocks after the trunk (not run)
-    rope_scaling: str
-    yarn_orig_ctx: int
-    yarn_log_mul: float
-    rope_attn_factor: float
-    attn_temp_scale: float  # position-dependent query scaling (Mistral Large 3 in this architecture)
-    attn_temp_length: int
 
 
 def _scalar(v):
@@ -116,8 +94,9 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(path, "no general.architecture key")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(path, f"unsupported architecture '{arch}' (supported: {', '.join(SUPPORTED_ARCHS)})")
+    spec = ARCHS.get(arch)
+    if spec is None:
+        raise ModelFileError(path, f"unsupported architecture '{arch}' (supported: {', '.join(ARCHS)})")
 
     key = _key_reader(meta, arch, path)
     n_embd = key("embedding_length")
@@ -132,25 +111,15 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
     scale = key("rope.scaling.factor", 0.0, float) or key("rope.scale_linear", 0.0, float)
     if meta.get(f"{arch}.rope.scaling.type") == "none":  # llama.cpp never scales then
         scale = 0.0
-    # (olmoe and llama size experts by feed_forward_length, as llama.cpp does.)
-    # llama.cpp fixes gating and top-k renormalisation per architecture; only
-    # deepseek2 files carry them as keys.
-    gating = GATING_SOFTMAX
-    norm_topk = arch in ("qwen3moe", "llama")
-    mla = None
-    n_layer = key("block_count")
-    n_ff_shexp = key("expert_shared_feed_forward_length", 0)
-    if arch == "deepseek2":
-        gating = key("expert_gating_func", GATING_SOFTMAX) or GATING_SOFTMAX  # 0 (none): llama.cpp's softmax too
-        norm_topk = key("expert_weights_norm", False, bool)
-        mla = _mla_args(key, head_dim, n_embd // n_head)
-        n_layer -= mla.n_layer_nextn  # next-token-prediction blocks sit after the trunk
-        n_ff_shexp = key("expert_feed_forward_length", 0) * key("expert_shared_count", 0)
-        if f"{arch}.expert_gating_func" not in meta and n_layer in (47, 48) and n_vocab == 154880:
-            gating = GATING_SIGMOID  # llama.cpp's default for GLM-4.7-Flash files without the key
+    # llama.cpp fixes gating and top-k renormalisation per architecture; an architecture
+    # whose files carry them as keys (deepseek2) reads them in its own hparams
+    h = dict(gating=GATING_SOFTMAX, norm_topk=spec.norm_topk, mla=None, n_layer=key("block_count"),
+             n_ff_shexp=key("expert_shared_feed_forward_length", 0))
+    if spec.hparams is not None:
+        h.update(spec.hparams(key, dict(h, n_embd=n_embd, n_head=n_head, head_dim=head_dim, n_vocab=n_vocab)))
     cfg = ModelConfig(
         arch=arch,
-        n_layer=n_layer,
+        n_layer=h["n_layer"],
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=key("attention.head_count_kv", n_head),
@@ -159,50 +128,30 @@ def config_from_metadata(meta: Mapping[str, Any], path: str = "<model>") -> Mode
         n_vocab=n_vocab,
         n_ctx_train=key("context_length", 4096),
         rms_eps=key("attention.layer_norm_rms_epsilon", 1e-5, float),
-        rope_style=ROPE_STYLE[arch],
+        rope_style=spec.rope,
         rope_dim=key("rope.dimension_count", head_dim),
         rope_base=key("rope.freq_base", 10000.0, float),
         rope_freq_scale=1.0 / scale if scale else 1.0,
         n_expert=n_expert,
         n_expert_used=key("expert_used_count", 0),
         n_ff=n_ff,
-        n_ff_exp=key("expert_feed_forward_length", n_ff if arch in ("llama", "olmoe") else 0),
-        n_ff_shexp=n_ff_shexp,
+        n_ff_exp=key("expert_feed_forward_length", n_ff if spec.ff_exp_from_ff else 0),
+        n_ff_shexp=h["n_ff_shexp"],
         n_expert_shared=key("expert_shared_count", 0),
         n_layer_dense_lead=key("leading_dense_block_count", 0),
-        gating=gating,
-        norm_topk=bool(norm_topk),
+        gating=h["gating"],
+        norm_topk=bool(h["norm_topk"]),
         weights_scale=key("expert_weights_scale", 0.0, float),
         n_expert_groups=key("expert_group_count", 0),
         n_group_used=key("expert_group_used_count", 0),
         attn_scale=key("attention.scale", 0.0, float),
-        mla=mla,
+        mla=h["mla"],
     )
-    _validate(cfg, path)
+    _validate(cfg, spec, path)
     return cfg
 
 
-def _mla_args(key, head_dim: int, head_dim_default: int) -> MlaArgs:
-    absorbed = key("attention.key_length_mla", 0) > 0 and key("attention.value_length_mla", 0) > 0
-    log_mul = key("rope.scaling.yarn_log_multiplier", 0.0, float)
-    return MlaArgs(
-        q_lora_rank=key("attention.q_lora_rank", 0),
-        kv_lora_rank=key("attention.kv_lora_rank"),
-        absorbed=absorbed,
-        head_dim_k=key("attention.key_length_mla") if absorbed else head_dim,
-        head_dim_v=key("attention.value_length_mla") if absorbed else key("attention.value_length", head_dim_default),
-        n_layer_nextn=key("nextn_predict_layers", 0),
-        rope_scaling=key("rope.scaling.type", "linear", str),
-        yarn_orig_ctx=key("rope.scaling.original_context_length", 0),
-        # converters write 0.1 * mscale_all_dim; llama.cpp divides the 0.1 back out
-        yarn_log_mul=float(np.float32(log_mul) / np.float32(0.1)) if log_mul else 0.0,
-        rope_attn_factor=key("rope.scaling.attn_factor", 1.0, float),
-        attn_temp_scale=key("attention.temperature_scale", 0.0, float),
-        attn_temp_length=key("attention.temperature_length", 0),
-    )
-
-
-def _validate(c: ModelConfig, path: str) -> None:
+def _validate(c: ModelConfig, spec: ArchSpec, path: str) -> None:
     def bad(msg):
         raise ModelFileError(path, msg)
 
@@ -240,18 +189,7 @@ def _validate(c: ModelConfig, path: str) -> None:
             bad(f"unsupported expert_gating_func {c.gating}")
         if c.n_expert_groups > 1 and (c.n_expert % c.n_expert_groups or not 0 < c.n_group_used < c.n_expert_groups):
             bad("inconsistent expert_group_count / expert_group_used_count")
-    elif c.arch != "llama":
+    elif spec.needs_experts:
         bad("expert_count missing: not a Mixture-of-Experts model")
-    if c.arch == "deepseek2":
-        hk, kv = c.mla.head_dim_k, c.mla.kv_lora_rank
-        if not 0 < c.rope_dim < hk or kv <= 0 or c.mla.head_dim_v <= 0:
-            bad(f"bad MLA sizes: key length {hk}, rope dims {c.rope_dim}, kv_lora_rank {kv}")
-        if c.n_layer <= 0 or c.n_layer_dense_lead > c.n_layer:
-            bad("bad nextn_predict_layers / leading_dense_block_count")
-        if c.mla.attn_temp_scale and c.mla.attn_temp_length <= 0:
-            bad("attention.temperature_scale needs a positive attention.temperature_length")
-        for name in ("q_lora_rank", "kv_lora_rank", "n_layer_nextn", "yarn_orig_ctx", "attn_temp_length"):
-            if not 0 <= getattr(c.mla, name) <= 1 << 20:
-                bad(f"bad {name} {getattr(c.mla, name)}")
-        if c.mla.rope_scaling not in ("none", "linear", "yarn"):
-            bad(f"unsupported rope.scaling.type {c.mla.rope_scaling!r}")
+    if spec.check is not None:
+        spec.check(c, bad)

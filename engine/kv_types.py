@@ -5,6 +5,7 @@ values); f32 is exact and what the parity references with llama.cpp use. The row
 that hold them are engine/kv_cache.py's."""
 from __future__ import annotations
 
+from .arch import ARCHS
 from .errors import UserError
 
 KV_TYPES = ("f16", "q8_0", "f32")
@@ -31,18 +32,11 @@ def kv_bytes(values: int, kv_type: str) -> int:
 
 
 def kv_row_dims(cfg) -> tuple[int, ...]:
-    """The lengths of the rows a model's cache keeps: deepseek2 one row of latent plus
-    rope key per token and layer (its values are the latent part), other architectures
-    a K and a V row per KV head."""
-    if cfg.arch == "deepseek2":
-        return cfg.mla.kv_lora_rank + cfg.rope_dim, cfg.mla.kv_lora_rank
-    return cfg.head_dim, cfg.head_dim_v
+    """The lengths of the rows a model's cache keeps (its architecture's, engine/arch/:
+    deepseek2 one row of latent plus rope key, the others a K and a V row per KV head)."""
+    return ARCHS[cfg.arch].kv_rows(cfg)
 
 
 def kv_values_per_token(cfg) -> int:
-    """Cache values per token of context over all layers (deepseek2 keeps the latent plus
-    the rope key, as llama.cpp's MLA cache does; legacy attn_kv_b files too, they run
-    absorbed here; other architectures K and V of every KV head)."""
-    if cfg.arch == "deepseek2":
-        return cfg.n_layer * kv_row_dims(cfg)[0]
-    return cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
+    """Cache values per token of context over all layers (its architecture's, engine/arch/)."""
+    return ARCHS[cfg.arch].kv_values_per_token(cfg)

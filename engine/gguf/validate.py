@@ -1,20 +1,21 @@
 """Every check a model file must pass before anything is sized from it, in one
-place: the hyperparameters (config.py), each tensor the architecture needs
-(presence, type, dimensions against the hyperparameters) and the tokenizer's
-arrays. A failed check is one ModelFileError naming the file, the tensor or
-key, what it has and what was expected.
+place: the hyperparameters (hparams.py), each tensor the architecture needs
+(presence, type, dimensions against the hyperparameters; engine/arch/<arch>.py
+declares them) and the tokenizer's arrays. A failed check is one ModelFileError
+naming the file, the tensor or key, what it has and what was expected.
 
 Shapes compare as llama.cpp compares them: both padded to four dimensions with
 1s, so a shared-expert gate stored as {n_embd, 1} is the {n_embd} vector it is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from ..arch import ARCHS
+from ..arch.spec import Need
 from ..errors import ModelFileError, UserError
 from ..hparams import ModelConfig, config_from_metadata
 from ..text.pretokenize import pre_settings
@@ -25,14 +26,6 @@ SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_
                              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
 I8 = 24  # a pack's raw byte tensors
 MAX_DIMS = 4
-
-
-@dataclass(frozen=True)
-class Need:
-    name: str
-    ne: tuple[int, ...]  # ggml order
-    required: bool = True
-    ggml_type: int | None = None  # None: any SUPPORTED_TYPES
 
 
 def padded(ne: tuple[int, ...]) -> tuple[int, ...]:
@@ -46,63 +39,6 @@ def same_shape(have: tuple[int, ...], want: tuple[int, ...]) -> bool:
 
 def is_pack(meta: Mapping[str, Any]) -> bool:
     return "rapidmoe.pack.version" in meta
-
-
-def _standard_layer(c: ModelConfig, il: int) -> list[Need]:
-    p, H, nh, nkv, hd, hdv = f"blk.{il}.", c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
-    bias = c.arch == "qwen2moe"
-    need = [Need(p + "attn_norm.weight", (H,)), Need(p + "ffn_norm.weight", (H,)),
-            Need(p + "attn_q.weight", (H, nh * hd)), Need(p + "attn_k.weight", (H, nkv * hd)),
-            Need(p + "attn_v.weight", (H, nkv * hdv)), Need(p + "attn_output.weight", (nh * hdv, H)),
-            Need(p + "attn_q.bias", (nh * hd,), bias), Need(p + "attn_k.bias", (nkv * hd,), bias),
-            Need(p + "attn_v.bias", (nkv * hdv,), bias)]
-    if c.arch == "qwen3moe":
-        need += [Need(p + "attn_q_norm.weight", (hd,)), Need(p + "attn_k_norm.weight", (hd,))]
-    elif c.arch == "olmoe":
-        need += [Need(p + "attn_q_norm.weight", (nh * hd,)), Need(p + "attn_k_norm.weight", (nkv * hd,))]
-    if not c.n_expert:
-        return need + _dense_ffn(c, il)
-    need += [Need(p + "ffn_gate_inp.weight", (H, c.n_expert))]
-    if c.arch == "qwen2moe":
-        ff = c.n_ff_shexp or c.n_ff
-        need += [Need(p + "ffn_gate_inp_shexp.weight", (H,)), *_shared(c, il, ff)]
-    return need
-
-
-def _dense_ffn(c: ModelConfig, il: int) -> list[Need]:
-    p, H, ff = f"blk.{il}.", c.n_embd, c.n_ff
-    return [Need(p + "ffn_gate.weight", (H, ff)), Need(p + "ffn_up.weight", (H, ff)),
-            Need(p + "ffn_down.weight", (ff, H))]
-
-
-def _shared(c: ModelConfig, il: int, ff: int) -> list[Need]:
-    p, H = f"blk.{il}.", c.n_embd
-    return [Need(p + "ffn_gate_shexp.weight", (H, ff)), Need(p + "ffn_up_shexp.weight", (H, ff)),
-            Need(p + "ffn_down_shexp.weight", (ff, H))]
-
-
-def _deepseek2_layer(c: ModelConfig, il: int) -> list[Need]:
-    p, H, nh = f"blk.{il}.", c.n_embd, c.n_head
-    kv, rd, hk, hv = c.mla.kv_lora_rank, c.rope_dim, c.mla.head_dim_k, c.mla.head_dim_v
-    nope, q_lora = hk - rd, c.mla.q_lora_rank
-    need = [Need(p + "attn_norm.weight", (H,)), Need(p + "ffn_norm.weight", (H,)),
-            Need(p + "attn_kv_a_mqa.weight", (H, kv + rd)), Need(p + "attn_kv_a_norm.weight", (kv,)),
-            Need(p + "attn_output.weight", (nh * hv, H))]
-    if q_lora:
-        need += [Need(p + "attn_q_a.weight", (H, q_lora)), Need(p + "attn_q_a_norm.weight", (q_lora,)),
-                 Need(p + "attn_q_b.weight", (q_lora, nh * hk))]
-    else:
-        need += [Need(p + "attn_q.weight", (H, nh * hk))]
-    if c.mla.absorbed:
-        need += [Need(p + "attn_k_b.weight", (nope, kv, nh)), Need(p + "attn_v_b.weight", (kv, hv, nh))]
-    else:
-        need += [Need(p + "attn_kv_b.weight", (kv, nh * (nope + hv)))]
-    if il < c.n_layer_dense_lead:
-        return need + _dense_ffn(c, il)
-    need += [Need(p + "ffn_gate_inp.weight", (H, c.n_expert)), Need(p + "exp_probs_b.bias", (c.n_expert,), False)]
-    if c.n_ff_shexp:
-        need += _shared(c, il, c.n_ff_shexp)
-    return need
 
 
 def _experts(c: ModelConfig, il: int, pack: bool) -> list[Need]:
@@ -123,10 +59,10 @@ def expected_tensors(c: ModelConfig, pack: bool = False) -> list[Need]:
     """Every tensor the engine reads for this configuration, with its ggml shape."""
     H, V = c.n_embd, c.n_vocab
     need = [Need("token_embd.weight", (H, V)), Need("output_norm.weight", (H,)), Need("output.weight", (H, V), False)]
+    spec = ARCHS[c.arch]
     for il in range(c.n_layer):
-        need += _deepseek2_layer(c, il) if c.arch == "deepseek2" else _standard_layer(c, il)
-        moe = c.n_expert and not (c.arch == "deepseek2" and il < c.n_layer_dense_lead)
-        if moe:
+        need += spec.layer_tensors(c, il)
+        if spec.moe_layer(c, il):
             need += _experts(c, il, pack)
     return need
 

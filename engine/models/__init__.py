@@ -1,11 +1,11 @@
-"""One module per architecture, named by general.architecture."""
+"""One module per architecture, named by general.architecture (engine/arch/ lists them
+and holds what each reads from its file); each has build(cfg, W, n_ctx, progress)."""
 from __future__ import annotations
 
 import importlib
 
-ARCH_MODULES = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "llama": "llama", "olmoe": "olmoe",
-                "deepseek2": "deepseek2"}
+from ..arch import ARCHS
 
 
 def arch_module(arch: str):
-    return importlib.import_module(f".{ARCH_MODULES[arch]}", __package__)
+    return importlib.import_module(f".{ARCHS[arch].name}", __package__)
