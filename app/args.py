@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..engine.errors import SettingError, UserError
+from ..engine.errors import ContextError, SettingError, SettingNote, UserError
 from ..engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
 MAX_THREADS = 1024  # more is a typo: each thread costs the OpenMP runtime and the kernels' pool memory
@@ -155,8 +155,10 @@ SAMPLING_FLAGS = {"temp": "temperature", "temperature": "temperature", "top_k": 
                   "min_p": "min_p", "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens",
                   "n_predict": "max_tokens", "stop": "stop"}
 
+# a SamplingParams field or load_model argument -> its flag
 FLAG_OF = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-           "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens", "stop": "--stop"}
+           "repeat_penalty": "--repeat-penalty", "seed": "--seed", "max_tokens": "--max-tokens", "stop": "--stop",
+           "critical": "--critical", "n_ctx": "--ctx"}
 
 
 def sampling_overrides(args) -> dict:
@@ -193,6 +195,18 @@ def remote_endpoint(args):
         if given:
             raise UserError(f"{flag} applies to local models only, not to {ep.name or ep.base_url}")
     return ep
+
+
+def flag_note(msg: str) -> str:
+    """An engine note as the command line says it: a setting the engine changed is named by its flag."""
+    if isinstance(msg, SettingNote) and msg.field in FLAG_OF:
+        return f"{FLAG_OF[msg.field]} {msg.value} {msg.rest}"
+    return msg
+
+
+def context_error(e: ContextError, shorten: bool = False) -> UserError:
+    """A text the context cannot hold, with how to make room from the command line."""
+    return UserError(f"{e} (raise {FLAG_OF['n_ctx']}{' or shorten it' if shorten else ''})")
 
 
 def check_sampling(params) -> None:

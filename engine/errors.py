@@ -18,6 +18,33 @@ class SettingError(UserError):
         super().__init__(f"{field} {rule}")
 
 
+class ContextError(UserError):
+    """A text longer than the context holds, in the engine's terms: `what` ("the
+    prompt") is `n_tokens` tokens, the context `n_ctx`. The app adds how its user
+    raises the context (a flag, a setting)."""
+
+    def __init__(self, what: str, n_tokens: int, n_ctx: int):
+        self.what, self.n_tokens, self.n_ctx = what, n_tokens, n_ctx
+        super().__init__(f"{what} is {n_tokens} tokens but the context holds {n_ctx}")
+
+
+class SettingNote(str):
+    """A one-off note (a `log` line) on a setting the engine changed, readable as it
+    is: `field` (load_model's argument), `name` (what it means), `value`, `rest`
+    ("is more than ..."). The app names the setting as its user wrote it, as with
+    SettingError."""
+
+    field: str
+    name: str
+    value: object
+    rest: str
+
+    def __new__(cls, field: str, name: str, value: object, rest: str):
+        note = super().__new__(cls, f"{name} {value} {rest}")
+        note.field, note.name, note.value, note.rest = field, name, value, rest
+        return note
+
+
 class ModelFileError(UserError):
     """A model file that cannot be used; the message names the file."""
 

@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 
 from .conversation import Conversation
-from .errors import UserError
+from .errors import ContextError
 from .events import Finished, PromptProcessed, TextDelta
 from .sampling import Sampler, SamplingParams
 
@@ -55,7 +55,7 @@ class Session:
         p.validate()
         tok = self.model.tokenizer
         if len(prompt) >= self.n_ctx:
-            raise UserError(f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx} (raise --ctx)")
+            raise ContextError("the prompt", len(prompt), self.n_ctx)
         t0 = time.perf_counter()
         # reuse the cached prefix; at least one token must run to produce logits
         common = 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .errors import ModelFileError, UserError
+from .errors import ModelFileError, SettingNote, UserError
 from .gguf.reader import GGUFFile
 from .gguf.validate import check_model
 from .gpu import cuda_kernels as gk
@@ -179,6 +179,7 @@ def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: 
         raise UserError(f"the critical-set size must be a whole number >= 0, not {critical!r}")
     if critical > cfg.n_expert_used:
         if log:
-            log(f"--critical {critical} is more than the {cfg.n_expert_used} routed experts per token: using {cfg.n_expert_used}")
+            log(SettingNote("critical", "a critical-set size of", critical,
+                            f"is more than the {cfg.n_expert_used} routed experts per token: using {cfg.n_expert_used}"))
         critical = cfg.n_expert_used
     return FixedCritical(critical)

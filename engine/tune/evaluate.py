@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import ContextError, UserError
 
 CHUNK = 256
 
@@ -15,7 +15,7 @@ def all_logits(model, tokens: list[int], progress=None, policy=None) -> np.ndarr
     """tokens [T] -> logits float32 [T, V], row i = logits after token i (policy:
     the critical-set policy; None: the model's own)."""
     if len(tokens) > model.n_ctx:
-        raise UserError(f"the text is {len(tokens)} tokens but the context holds {model.n_ctx} (raise --ctx or shorten it)")
+        raise ContextError("the text", len(tokens), model.n_ctx)
     cache = model.runner.new_cache(model.n_ctx)
     out = np.empty((len(tokens), model.cfg.n_vocab), dtype=np.float32)
     for i in range(0, len(tokens), CHUNK):
