@@ -1,35 +1,35 @@
 """The main screen: messages, the prompt, the context meter and the status bar.
 
-Engine work runs in thread workers. A reply's deltas go into a buffer under a
-lock; a timer drains it at `refresh_hz` and appends the new text to the reply's
-Markdown, so the screen redraws ~25 times a second whatever the token rate.
+A view over the chat controller (app/chat_controller.py), which owns the chat,
+its history and the engine session: the screen forwards what the user does and
+shows what comes back. A reply is generated in a thread worker and drawn by its
+ReplyStream; `/` commands and the dialogs are in chat_actions.py, and a model
+loads in chat_loading.py's panel (a message sent meanwhile waits for it, shown).
 """
 from __future__ import annotations
 
-import inspect
-import threading
-import time
+from functools import partial
+from pathlib import Path
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
-from textual.message import Message
+from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, ProgressBar, Static
+from textual.widgets import Footer, Static
 
 from ....engine.errors import UserError
-from ....engine.events import Finished, PromptProcessed
-from ...config import to_params
-from ..commands import static_choices
+from ...chat_controller import ChatController
+from ..attach import edit_in_editor, fenced_file
+from ..commands import help_text
 from ..reply_stream import ReplyStream
+from ..widgets.chat_log import ChatLog
 from ..widgets.context_meter import ContextMeter
-from ..widgets.message import MessageView, Note
+from ..widgets.message import MessageView, Note, reply_footer
 from ..widgets.prompt_input import PromptInput, key_label
 from ..widgets.status_bar import StatusBar
-from .chat_actions import ChatActions
-from .chat_loading import ModelLoading
-from .model_picker import available_models
+from .chat_actions import arg_choices, open_chats, open_models, open_settings, run_slash
+from .chat_loading import LoadPanel, ModelLoader
 
 # binding id (= action, = [keys] entry in the config) -> (default key, footer label)
 SCREEN_KEYS = {
@@ -40,52 +40,36 @@ SCREEN_KEYS = {
 }
 
 
-class ReplyDone(Message):
-    def __init__(self, final: Finished, view: MessageView):
-        super().__init__()
-        self.final, self.view = final, view
+def _shown(name: str) -> property:
+    return property(lambda self: getattr(self.controller, name))
 
 
-class ReplyFailed(Message):
-    def __init__(self, error: BaseException, view: MessageView, prompt: str | None):
-        super().__init__()
-        self.error, self.view, self.prompt = error, view, prompt
-
-
-class ChatScreen(ChatActions, ModelLoading, Screen):
+class ChatScreen(Screen):
     BINDINGS = [Binding(k, a, label, id=a, priority=True, show=a not in ("copy_code", "editor"))
                 for a, (k, label) in SCREEN_KEYS.items()] + [
         # not a priority binding: with text selected in the input, Ctrl+C copies it
         Binding("ctrl+c", "interrupt", "Stop or quit", id="interrupt", show=False)]
 
+    # the chat's state is the controller's; the screen reads it
+    model, chat, engine_chat, generating = _shown("model"), _shown("chat"), _shown("session"), _shown("generating")
+    last_final, last_prompt_stats, stop_latencies = (_shown("last_final"), _shown("last_prompt_stats"),
+                                                     _shown("stop_latencies"))
+
     def __init__(self):
         super().__init__()
-        self.model = None  # backend.LoadedModel
-        self.engine_chat = None  # the backend's chat object (messages + KV cache)
-        self._engine_model = None  # the model engine_chat was made for
-        self.chat = None  # store.Chat, created on the first prompt
-        self.generating = False
-        self.is_loading = False
-        self.cancel = threading.Event()
-        self.load_cancel = threading.Event()
-        self.stream = ReplyStream()
-        self._current: MessageView | None = None
-        self.stop_requested_at: float | None = None
-        self.stop_latencies: list[float] = []
-        self.last_final: Finished | None = None
-        self.last_prompt_stats: PromptProcessed | None = None
+        app = self.app
+        self.controller = ChatController(app.store, app.backend, system=app.default_system,
+                                         sampling=app.config.sampling, overrides=app.overrides,
+                                         new_chat_params=app.new_chat_params)
         self.stats_after_reply = False
+        self._current: ReplyStream | None = None  # the reply being written, until it is stored
         self._warned_ctx = False
-        self._after_reply: list = []  # calls deferred until the reply being written has stopped
-        self._load_seq = 0
-        self._waiting: tuple[str, MessageView] | None = None  # a message sent while the model loads
+        self.loader = ModelLoader(self)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="title", markup=False)
-        yield VerticalScroll(id="log")
-        with Horizontal(id="loading"):
-            yield Static("", id="load-what", markup=False)
-            yield ProgressBar(id="load-bar", show_eta=False)
+        yield ChatLog(id="log")
+        yield LoadPanel(id="loading")
         keys = self.app.key_summary()
         with Horizontal(id="input-row"):
             yield PromptInput(id="prompt", send_keys=_split(keys["send"]), newline_keys=_split(keys["newline"]))
@@ -94,18 +78,23 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#loading").display = False
-        self.query_one("#log", VerticalScroll).anchor()  # follow new text unless the user scrolls up
-        self.query_one(PromptInput).prompt_history = self.app.store.prompt_history()
-        self.query_one(PromptInput).focus()
-        self.query_one(PromptInput).arg_choices = self.arg_choices
-        self.set_interval(1 / self.app.config.refresh_hz, self._drain)
-        self._set_title()
+        self.prompt.prompt_history = self.app.store.prompt_history()
+        self.prompt.focus()
+        self.prompt.arg_choices = partial(arg_choices, self.app)
+        self.set_title()
 
-    # --- helpers used by the actions ---
+    # --- what the screen is made of ---
     @property
-    def log_view(self) -> VerticalScroll:
-        return self.query_one("#log", VerticalScroll)
+    def log_view(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    @property
+    def load_panel(self) -> LoadPanel:
+        return self.query_one(LoadPanel)
+
+    @property
+    def is_loading(self) -> bool:
+        return self.load_panel.busy
 
     @property
     def prompt(self) -> PromptInput:
@@ -115,17 +104,22 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
     def status(self) -> StatusBar:
         return self.query_one(StatusBar)
 
-    def note(self, text: str, kind: str = "info") -> Note:
-        n = Note(text, kind)
-        self.log_view.mount(n)
-        return n
+    def params(self):
+        return self.controller.params()
 
-    def _set_title(self) -> None:
+    def note(self, text: str, kind: str = "info") -> Note:
+        return self.log_view.note(text, kind)
+
+    def set_title(self) -> None:
         title = self.chat.title if self.chat else "New chat"
         model = f"  ·  {self.model.name}" if self.model else ""
         loading = "  ·  loading…" if self.is_loading else ""
         unsaved = "  ·  not saved (--no-history)" if not self.app.store.persistent else ""
         self.query_one("#title", Static).update(f" {title}{model}{loading}{unsaved}")
+
+    def set_meter(self) -> None:
+        if self.model is not None:
+            self.query_one(ContextMeter).set_usage(0, self.model.n_ctx, self.params().max_tokens)
 
     def greet(self, spec: str) -> None:
         """The first screen of a new user: what is happening and what to do."""
@@ -136,70 +130,19 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
                   f"{key_label(keys['send'])} sends your message, /help lists the keys and commands, "
                   f"{key_label(keys['models'])} picks another model.")
 
-    def arg_choices(self, command: str) -> list[str]:
-        if command == "/theme":
-            return list(self.app.available_themes)
-        if command == "/model":
-            return [spec for spec, _ in available_models() if spec]
-        return static_choices(command)
-
-    # --- model loading (the rest is in loading.py) ---
-    def defer_while_generating(self, fn, *args) -> bool:
-        """Stop the reply being written and run fn(*args) once it is stored; True if deferred.
-        Switching chats or models mid-reply must not store the reply in the wrong place."""
-        if not self.generating:
-            return False
-        self.action_stop()
-        self._after_reply.append((fn, args))
-        return True
-
-    async def _run_deferred(self) -> None:
-        calls, self._after_reply = self._after_reply, []
-        for fn, args in calls:
-            result = fn(*args)
-            if inspect.isawaitable(result):
-                await result
-
-    # --- engine chat state ---
-    def params(self):
-        """Model defaults < config [sampling] < command-line flags < this chat's own settings
-        (set later and on purpose, with /set or the settings screen)."""
-        base = self.model.defaults if self.model else None
-        return to_params(base, self.app.config.sampling, self.app.overrides,
-                         self.chat.params if self.chat else {})
-
-    def system_prompt(self) -> str:
-        return self.chat.system if self.chat else self.app.default_system
-
-    def rebuild_engine_chat(self) -> None:
-        """Give the engine chat this chat's system prompt and history. The engine chat (and
-        its KV cache) is kept per model: the next turn recomputes only what differs."""
-        if self.model is None:
-            self.engine_chat = None
-            return
-        if self.engine_chat is None or self._engine_model is not self.model:
-            self.engine_chat = self.app.backend.new_chat(self.model, None, self.params())
-            self._engine_model = self.model
-        system = self.system_prompt()
-        msgs = [{"role": "system", "content": system}] if system else []
-        if self.chat is not None:
-            msgs += self.app.store.context(self.chat.id)  # an unanswered prompt is not sent
-        self.engine_chat.messages[:] = msgs
-        self.engine_chat.params = self.params()
-
-    # --- generation ---
+    # --- a turn ---
     @on(PromptInput.Submitted)
     async def _on_submit(self, ev: PromptInput.Submitted) -> None:
         text = ev.text
         if text.lstrip().startswith("/"):
             self.prompt.load_text("")
-            await self.run_slash(text.strip())
+            await run_slash(self, text.strip())
             return
         if self.generating:
             self.notify("A reply is still being written (Esc stops it)", severity="warning")
             return
         if self.is_loading:
-            await self.wait_for_model(text)
+            await self.loader.wait(text)
             return
         if self.model is None or self.engine_chat is None:
             self.notify("No model loaded: /model or Ctrl+L picks one", severity="warning")
@@ -210,17 +153,8 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
     async def send_prompt(self, text: str, view: MessageView | None = None) -> None:
         """Store the prompt and start its reply; view: the prompt already shown (it waited)."""
         self.prompt.prompt_history.append(text)
-        store = self.app.store
-        if self.chat is None:
-            self.chat = store.create_chat(_title_from(text), model=self.model.spec,
-                                          system=self.app.default_system,
-                                          params=self.app.new_chat_params())
-            self._set_title()
-        elif self.chat.title == "New chat" and not store.messages(self.chat.id):
-            store.rename_chat(self.chat.id, _title_from(text))  # made early by a setting
-            self.chat = store.get_chat(self.chat.id)
-            self._set_title()
-        msg = store.add_message(self.chat.id, "user", text)
+        msg = self.controller.add_prompt(text)
+        self.set_title()
         if view is None:
             await self.log_view.mount(MessageView("user", text, message_id=msg.id))
         else:
@@ -230,71 +164,41 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
 
     async def start_reply(self, text: str | None) -> None:
         """text: a new prompt to send; None: regenerate the reply to the last one."""
-        self.cancel = threading.Event()
-        self.stop_requested_at = None
-        view = MessageView("assistant", label=self.model.name, streaming=True)
+        events = self.controller.start_reply(text)
+        view = ReplyStream(self.model.name, self.app.config.refresh_hz, self._show_live)
         await self.log_view.mount(view)
         self._current = view
-        self.generating = True
         self.status.set_state("thinking")
         self.status.set_stats(reset=True)
-        chat, cancel, params, stream = self.engine_chat, self.cancel, self.params(), self.stream
-        stream.reset()
+        view.start(events, text)
 
-        def work() -> None:
-            try:
-                it = chat.send(text, cancel, params) if text is not None else chat.regenerate(cancel, params)
-                for e in it:
-                    if (final := stream.put(e)) is not None:
-                        self.post_message(ReplyDone(final, view))
-            except BaseException as e:
-                self.post_message(ReplyFailed(e, view, text))
+    def _show_live(self, wrote: bool, live: dict) -> None:
+        """The reply stream drew new text, or has new figures."""
+        self.status.show_live(wrote, live)
+        if "prompt" in live:
+            self.controller.last_prompt_stats = live["prompt"]
 
-        self.run_worker(work, thread=True, group="generate")
+    async def on_reply_stream_done(self, ev: ReplyStream.Done) -> None:
+        await self._end_reply(self._show_reply_done(ev))
 
-    async def _drain(self) -> None:
-        """The timer: move buffered deltas into the reply being written."""
-        view = self._current
-        text, live = self.stream.take()
-        if view is None:
-            return
-        if text:
-            view.feed(text)
-            await view.flush()
-            if self.status.state == "thinking":
-                self.status.set_state("writing")
-        if live:
-            self.status.set_stats(decode_tok_s=live.get("decode_tok_s"), prompt_tok_s=live.get("prompt_tok_s"),
-                                  ttft_s=live.get("ttft_s"), critical=live.get("critical"))
-            if "prompt" in live:
-                self.last_prompt_stats = live["prompt"]
+    async def on_reply_stream_failed(self, ev: ReplyStream.Failed) -> None:
+        await self._end_reply(self._show_reply_failed(ev))
 
-    @on(ReplyDone)
-    async def _on_reply_done(self, ev: ReplyDone) -> None:
+    async def _end_reply(self, shown) -> None:
         try:
-            await self._show_reply_done(ev)
+            await shown
         finally:  # "generating" ends once the reply is stored and drawn
-            self.generating = False
-        await self._run_deferred()
+            self.controller.end_reply()
+        await self.controller.run_deferred()
 
-    async def _show_reply_done(self, ev: ReplyDone) -> None:
-        await self._drain()
+    async def _show_reply_done(self, ev: ReplyStream.Done) -> None:
+        await ev.view.drain()
         f = ev.final
         self._current = None  # from here on the reply is stored (save_cut_reply has nothing to do)
-        self.last_final = f
-        if self.stop_requested_at is not None:
-            latency = time.perf_counter() - self.stop_requested_at
-            self.stop_latencies.append(latency)
-            self.stop_requested_at = None
         self.status.set_state("")
         self.status.set_stats(decode_tok_s=f.decode_tok_s, prompt_tok_s=f.prompt_tok_s or None, ttft_s=f.ttft_s)
-        stats = {"finish_reason": f.finish_reason, "prompt_tokens": f.prompt_tokens,
-                 "completion_tokens": f.completion_tokens, "ttft_s": round(f.ttft_s, 4),
-                 "prompt_tok_s": round(f.prompt_tok_s, 2), "decode_tok_s": round(f.decode_tok_s, 2),
-                 "context_used": f.context_used, "context_size": f.context_size, **self._answered_by()}
-        msg = self.app.store.add_message(self.chat.id, "assistant", f.text, stats)
-        ev.view.message_id = msg.id
-        await ev.view.finish(f.text, _footer(f))
+        ev.view.message_id = self.controller.reply_done(f).id
+        await ev.view.finish(f.text, reply_footer(f))
         meter = self.query_one(ContextMeter)
         meter.set_usage(f.context_used, f.context_size, self.params().max_tokens)
         if f.finish_reason == "context":
@@ -306,89 +210,187 @@ class ChatScreen(ChatActions, ModelLoading, Screen):
         if self.stats_after_reply:
             self.note(self.stats_text())
 
-    @on(ReplyFailed)
-    async def _on_reply_failed(self, ev: ReplyFailed) -> None:
-        try:
-            await self._show_reply_failed(ev)
-        finally:
-            self.generating = False
-        await self._run_deferred()
-
-    def _answered_by(self) -> dict:
-        """A provider's reply records who answered: {"answered_by": "provider:NAME/MODEL"}."""
-        by = getattr(self.engine_chat, "answered_by", None)
-        return {"answered_by": by} if by else {}
-
-    async def _show_reply_failed(self, ev: ReplyFailed) -> None:
+    async def _show_reply_failed(self, ev: ReplyStream.Failed) -> None:
         self._current = None
         self.status.set_state("")
         err = ev.error
-        partial = getattr(err, "partial", "")
-        if partial and self.chat is not None:  # a server failed mid-reply: what came is kept, marked cut
-            stats = {"finish_reason": "cut", "cut": "server", **self._answered_by()}
-            msg = self.app.store.add_message(self.chat.id, "assistant", partial, stats)
-            ev.view.message_id = msg.id
-            await ev.view.finish(partial, "cut: the server failed")
+        failed = self.controller.reply_failed(err, ev.prompt)
+        if failed.kept is not None:  # a server failed mid-reply: what came is kept, marked cut
+            ev.view.message_id = failed.kept.id
+            await ev.view.finish(failed.kept.content, "cut: the server failed")
             self.note(str(err), "error")
             return
         await ev.view.remove()
         self.note(str(err) if isinstance(err, UserError) else f"generation failed: {type(err).__name__}: {err}",
                   "error")
-        # a prompt that could not be answered goes back into the input, not into the history
-        msgs = self.engine_chat.messages if self.engine_chat else []
-        if ev.prompt is not None and msgs and msgs[-1]["role"] == "user":
-            msgs.pop()
-            last = self.app.store.messages(self.chat.id)[-1]
-            self.app.store.delete_messages_from(self.chat.id, last.id)
-            views = list(self.log_view.query(MessageView))
-            if views and views[-1].role == "user":
-                await views[-1].remove()
-            self.prompt.load_text(ev.prompt)
-
-    def stats_text(self) -> str:
-        f = self.last_final
-        if f is None:
-            return "No reply yet."
-        p = self.last_prompt_stats
-        cached = f" ({p.cached_tokens} reused from the KV cache)" if p and p.cached_tokens else ""
-        lat = f" · stop latency {self.stop_latencies[-1] * 1000:.0f} ms" if (
-            f.finish_reason == "cancelled" and self.stop_latencies) else ""
-        return (f"prompt {f.prompt_tokens} tok{cached} at {f.prompt_tok_s:.1f} tok/s · TTFT {f.ttft_s:.2f} s · "
-                f"reply {f.completion_tokens} tok at {f.decode_tok_s:.1f} tok/s · {f.finish_reason}{lat} · "
-                f"context {f.context_used}/{f.context_size}")
+        if failed.returned is not None:  # an unanswered prompt goes back into the input, not the history
+            await self.log_view.remove_last("user")
+            self.prompt.load_text(failed.returned)
 
     def save_cut_reply(self) -> None:
-        """The app closes mid-reply: keep what was written so far, marked as cut, so
-        the chat does not end on an unanswered prompt."""
+        """The app closes mid-reply: the controller keeps what was written, marked cut."""
         view = self._current
-        if not self.generating or view is None or self.chat is None:
+        if view is None:
             return
-        self.cancel.set()
-        written, live = self.stream.take()
-        text = view.text + written
-        self.generating = False
         self._current = None
-        stats = {"finish_reason": "cancelled", "cut": "quit", "completion_tokens": live.get("tokens", 0),
-                 "decode_tok_s": round(live.get("decode_tok_s") or 0.0, 2),
-                 "ttft_s": round(live.get("ttft_s") or 0.0, 4)}
-        self.app.store.add_message(self.chat.id, "assistant", text, stats)
+        written, live = view.take()
+        self.controller.save_cut(view.text + written, tokens=live.get("tokens", 0),
+                                 decode_tok_s=live.get("decode_tok_s"), ttft_s=live.get("ttft_s"))
 
     def on_unmount(self) -> None:
-        self.cancel.set()
-        self.load_cancel.set()
+        self.controller.cancel.set()  # the load panel cancels its load itself
+
+    # --- generation control ---
+    def action_stop(self) -> None:
+        if self.is_loading:
+            self.load_panel.cancel.set()
+        else:
+            self.controller.stop()
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C: copy selected text if there is some; else stop the reply or the load
+        (as Esc does); quit only when there is nothing to stop."""
+        selected = self.get_selected_text()
+        if selected:
+            self.app.copy_to_clipboard(selected)
+        elif self.generating or self.is_loading:
+            self.action_stop()
+        else:
+            self.app.exit()
+
+    async def action_regenerate(self) -> None:
+        if not self._ready():
+            return
+        if self.is_loading:
+            self.notify("A model is loading: regenerate once it is ready", severity="warning")
+            return
+        dropped = self.controller.drop_last_reply()
+        if dropped is None:
+            self.notify("Nothing to regenerate yet", severity="warning")
+            return
+        if dropped:
+            await self.log_view.remove_last("assistant")
+        await self.start_reply(None)
+
+    async def action_edit_last(self) -> None:
+        if not self._ready():
+            return
+        last = self.controller.take_back_last_prompt()
+        if last is None:
+            self.notify("No prompt to edit yet", severity="warning")
+            return
+        await self.log_view.remove_from(last.id)
+        self.prompt.edit_text(last.content, focus=True)
+
+    def _ready(self) -> bool:
+        if self.generating:
+            self.notify("A reply is still being written (Esc stops it)", severity="warning")
+            return False
+        if self.engine_chat is None:
+            self.notify("No model loaded", severity="warning")
+            return False
+        return True
+
+    # --- copy, the prompt ---
+    def _last_reply(self, missing: str) -> MessageView | None:
+        if (v := self.log_view.last_reply()) is None:
+            self.notify(missing, severity="warning")
+        return v
+
+    def action_copy_reply(self) -> None:
+        if (v := self._last_reply("No reply to copy")) is not None:
+            v.action_copy()
+
+    def action_copy_code(self) -> None:
+        if (v := self._last_reply("No reply to copy from")) is not None:
+            v.action_copy_code()
+
+    def action_attach(self, path: str) -> None:
+        """Append a text file to the prompt as a fenced block."""
+        block = fenced_file(path)
+        text = self.prompt.text.rstrip()
+        self.prompt.edit_text((text + "\n\n" if text else "") + block)
+        self.notify(f"attached {Path(path).name}", timeout=2, markup=False)
+
+    def action_editor(self) -> None:
+        """Edit the prompt in $VISUAL / $EDITOR."""
+        try:
+            self.prompt.edit_text(edit_in_editor(self.app, self.prompt.text), focus=True)
+        except UserError as e:
+            self.note(str(e), "error")
+
+    # --- the model (chat_loading.py) ---
+    def load(self, spec: str) -> None:
+        self.loader.load(spec)
+
+    async def on_load_panel_done(self, ev: LoadPanel.Done) -> None:
+        await self.loader.done(ev)
+
+    # --- chats ---
+    async def show_chat(self, chat_id: int | None) -> None:
+        """Switch to a stored chat (None: a new, empty one)."""
+        if self.controller.defer(self.show_chat, chat_id):
+            return
+        try:
+            messages = self.controller.open_chat(chat_id)
+        except UserError as e:  # damaged stored settings, or the history failing: say so, stay
+            self.notify(str(e), severity="error", markup=False)
+            return
+        await self.loader.return_waiting("not sent: you left that chat")
+        await self.log_view.show(messages, (self.chat.model or "assistant") if self.chat else "")
+        self.set_title()
+        self._warned_ctx = False
+        self.set_meter()
+
+    async def action_new_chat(self) -> None:
+        await self.show_chat(None)
+
+    async def action_clear(self) -> None:
+        if self.controller.defer(self.action_clear):
+            return
+        self.controller.clear()
+        await self.show_chat(self.chat.id if self.chat else None)
+
+    def action_chats(self) -> None:
+        open_chats(self)
+
+    def action_models(self) -> None:
+        open_models(self)
+
+    def action_settings(self) -> None:
+        open_settings(self)
+
+    def apply_settings(self, system: str | None = None, params: dict | None = None) -> None:
+        self.controller.apply_settings(system, params)
+        self.set_title()
+
+    def action_export(self, path: str = "") -> None:
+        if self.chat is None:
+            self.notify("Nothing to export yet", severity="warning")
+            return
+        out = Path(path).expanduser() if path else Path.cwd() / f"chat-{self.chat.id}.md"
+        try:
+            self.controller.export(out)
+        except OSError as e:
+            self.notify(f"cannot write {out}: {e.strerror}", severity="error", markup=False)
+            return
+        self.notify(f"Exported to {out}", markup=False)
+
+    # --- what the app can tell ---
+    def stats_text(self) -> str:
+        return self.controller.stats_text()
+
+    def loaded_text(self) -> str:
+        s = self.status
+        return self.controller.loaded_text(s.critical, f"DRAM {s.dram}" + (f" · VRAM {s.vram}" if s.vram else ""))
+
+    def action_stats(self) -> None:
+        """The last reply's figures, then what is loaded and where it lives (`ps` for this app)."""
+        self.note(self.stats_text() + "\n" + self.loaded_text())
+
+    def action_help(self) -> None:
+        self.note(help_text(self.app.key_summary()))
 
 
 def _split(keys: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in keys.split(",") if k.strip())
-
-
-def _title_from(text: str) -> str:
-    t = " ".join(text.split())
-    return t if len(t) <= 48 else t[:47] + "…"
-
-
-def _footer(f: Finished) -> str:
-    tail = {"stop": "", "cancelled": " · stopped", "length": " · max tokens reached",
-            "context": " · context full"}.get(f.finish_reason, f" · {f.finish_reason}")
-    prompt = f"prompt {f.prompt_tok_s:.0f} tok/s · " if f.prompt_tok_s else ""  # 0: a server that reports none
-    return f"{f.completion_tokens} tok · {f.decode_tok_s:.1f} tok/s · {prompt}TTFT {f.ttft_s:.2f} s{tail}"

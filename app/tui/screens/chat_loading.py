@@ -1,34 +1,28 @@
-"""Loading a model, a mixin of ChatScreen: the backend loads in a thread worker
-and posts its progress; the model in use stays until the new one has loaded
-(a load that fails or is cancelled changes nothing), and a message sent
-meanwhile is shown as waiting and sent once the model is ready."""
+"""Loading a model into the chat screen. LoadPanel: the backend loads in a thread
+worker, the panel shows its progress (with the time left in a conversion) and
+reports `Done` for the latest load only: a load started meanwhile supersedes it;
+Esc cancels it through `cancel`. ModelLoader: what the screen does around a load.
+The model in use stays until the new one has loaded (a load that fails or is
+cancelled changes nothing), and a message sent meanwhile is shown as waiting and
+sent once the model is ready."""
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
+from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import ProgressBar, Static
 
-from ....engine.memory import release_freed
 from ..plain_words import plain_note, progress_label
-from ..widgets.context_meter import ContextMeter
 from ..widgets.message import MessageView
 
 WAITING_FOOTER = "waiting for the model to load · sent when it is ready (Esc cancels the load)"
 
-
-class LoadProgress(Message):
-    def __init__(self, what: str, done: int, total: int):
-        super().__init__()
-        self.what, self.done, self.total = what, done, total
-
-
-class LoadDone(Message):
-    def __init__(self, seq: int, model: Any = None, error: BaseException | None = None, spec: str = ""):
-        super().__init__()
-        self.seq, self.model, self.error, self.spec = seq, model, error, spec
+# load(progress) -> the loaded model; progress(what, done, total) as backend.Progress
+Load = Callable[[Callable[[str, int, int], None]], Any]
 
 
 class ConversionClock:
@@ -53,105 +47,147 @@ class ConversionClock:
         return f" · about {fmt_duration((total - done) / rate)} left" if rate > 0 and done < total else ""
 
 
-class ModelLoading:
-    def load(self, spec: str) -> None:
-        if self.defer_while_generating(self.load, spec):
-            return
-        self.load_cancel.set()  # a load still running gives way to this one
-        self._load_seq += 1
-        seq = self._load_seq
-        self.is_loading = True
-        self.load_cancel = threading.Event()
-        self._convert_clock = None
-        self.query_one("#loading").display = True
+class LoadPanel(Horizontal):
+    class Progress(Message, bubble=False):
+        def __init__(self, what: str, done: int, total: int):
+            super().__init__()
+            self.what, self.done, self.total = what, done, total
+
+    class Done(Message):
+        """model, or error (KeyboardInterrupt: cancelled); bubbles to the screen."""
+
+        def __init__(self, seq: int, spec: str, model: Any = None, error: BaseException | None = None):
+            super().__init__()
+            self.seq, self.spec, self.model, self.error = seq, spec, model, error
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.busy = False
+        self.cancel = threading.Event()
+        self._seq = 0
+        self._clock: ConversionClock | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="load-what", markup=False)
+        yield ProgressBar(id="load-bar", show_eta=False)
+
+    def on_mount(self) -> None:
+        self.display = False
+
+    def start(self, spec: str, load: Load) -> None:
+        self.cancel.set()  # a load still running gives way to this one
+        self._seq += 1
+        seq = self._seq
+        self.busy = True
+        self.cancel = cancel = threading.Event()
+        self._clock = None
+        self.display = True
         self.query_one("#load-what", Static).update(f"loading {spec} …")
         self.query_one("#load-bar", ProgressBar).update(total=None, progress=0)
-        self.status.set_state("loading")
-        self._set_title()
-        self.prompt.set_waiting(True)
-        n_ctx = self.app.n_ctx
-        cancel = self.load_cancel
 
         def progress(what: str, done: int, total: int) -> None:
             if cancel.is_set():
                 raise KeyboardInterrupt  # hub.pull keeps the partial file for a later resume
-            self.post_message(LoadProgress(what, done, total))
+            self.post_message(self.Progress(what, done, total))
 
         def work() -> None:
             try:
-                m = self.app.backend.load(spec, n_ctx, progress)
+                m = load(progress)
             except BaseException as e:  # shown, never fatal
-                self.post_message(LoadDone(seq, error=e, spec=spec))
+                self.post_message(self.Done(seq, spec, error=e))
             else:
-                self.post_message(LoadDone(seq, model=m, spec=spec))
+                self.post_message(self.Done(seq, spec, model=m))
 
         self.run_worker(work, thread=True, group="load", exclusive=True)
 
-    def on_load_progress(self, ev: LoadProgress) -> None:
+    def on_load_panel_progress(self, ev: Progress) -> None:
         label = progress_label(ev.what, ev.done, ev.total)
         if ev.what == "convert" and ev.total:
-            self._convert_clock = clock = getattr(self, "_convert_clock", None) or ConversionClock()
+            self._clock = clock = self._clock or ConversionClock()
             label += clock.left(ev.done, ev.total)
         self.query_one("#load-what", Static).update(label)
         self.query_one("#load-bar", ProgressBar).update(total=ev.total or None, progress=ev.done)
 
-    async def on_load_done(self, ev: LoadDone) -> None:
-        if ev.seq != self._load_seq:  # superseded by a later load
+    def on_load_panel_done(self, ev: Done) -> None:
+        if ev.seq != self._seq:  # superseded by a later load: nobody hears of it
+            ev.stop()
+
+    def stop(self) -> None:
+        """The screen has taken the latest load's result."""
+        self.busy = False
+        self.display = False
+
+    def on_unmount(self) -> None:
+        self.cancel.set()
+
+
+class ModelLoader:
+    """The chat screen's side of a load: its state around the panel, the model handed to
+    the controller, and the message that waits for it."""
+
+    def __init__(self, screen):
+        self.screen = screen  # the ChatScreen
+        self.waiting: tuple[str, MessageView] | None = None
+
+    def load(self, spec: str) -> None:
+        scr = self.screen
+        if scr.controller.defer(scr.load, spec):
             return
-        self.is_loading = False
-        self.query_one("#loading").display = False
-        self.status.set_state("")
-        self.prompt.set_waiting(False)
+        backend, n_ctx = scr.app.backend, scr.app.n_ctx
+        scr.load_panel.start(spec, lambda progress: backend.load(spec, n_ctx, progress))
+        scr.status.set_state("loading")
+        scr.set_title()
+        scr.prompt.set_waiting(True)
+
+    async def done(self, ev: LoadPanel.Done) -> None:
+        scr = self.screen
+        scr.load_panel.stop()
+        scr.status.set_state("")
+        scr.prompt.set_waiting(False)
         if ev.error is not None:
-            self._set_title()
-            still = f"; still using {self.model.name}" if self.model is not None else ""
+            scr.set_title()
+            still = f"; still using {scr.model.name}" if scr.model is not None else ""
             msg = ("loading cancelled" if isinstance(ev.error, KeyboardInterrupt)
                    else f"cannot load {ev.spec}: {ev.error}")
-            self.note(msg + still, "error")
+            scr.note(msg + still, "error")
             await self.return_waiting("not sent: the model did not load")
             return
-        if self.model is not None:  # let go of the old model (and its KV cache) before using the new
-            self.model = self.engine_chat = self._engine_model = None
-            release_freed()
-        self.model = ev.model
+        scr.controller.use_model(ev.model, ev.spec)
         for n in getattr(ev.model, "notes", ()):
             if plain_note(n):  # "" for notes whose news the loading panel gave live
-                self.note(plain_note(n))
-        self.app.store.set_state("last_model", ev.spec)
-        self.status.set_model(self.model.name, self.model.placement)
-        self._set_title()
-        if self.chat is not None:
-            self.app.store.set_model(self.chat.id, ev.spec)
-        self.rebuild_engine_chat()
-        self.query_one(ContextMeter).set_usage(0, self.model.n_ctx, self.params().max_tokens)
-        if self._waiting is not None:
-            text, view = self._waiting
-            self._waiting = None
-            await self.send_prompt(text, view)
+                scr.note(plain_note(n))
+        scr.status.set_model(scr.model.name, scr.model.placement)
+        scr.set_title()
+        scr.set_meter()
+        if self.waiting is not None:
+            text, view = self.waiting
+            self.waiting = None
+            await scr.send_prompt(text, view)
 
-    # --- a message that waits for the model ---
-    async def wait_for_model(self, text: str) -> None:
-        if self._waiting is not None:
-            self.notify("A message is already waiting for the model", severity="warning")
+    async def wait(self, text: str) -> None:
+        """A message sent while the model loads: shown as waiting, sent once it is ready."""
+        scr = self.screen
+        if self.waiting is not None:
+            scr.notify("A message is already waiting for the model", severity="warning")
             return
-        self.prompt.load_text("")
+        scr.prompt.load_text("")
         view = MessageView("user", text, footer=WAITING_FOOTER)
-        self._waiting = (text, view)
-        await self.log_view.mount(view)
+        self.waiting = (text, view)
+        await scr.log_view.mount(view)
 
     async def return_waiting(self, why: str) -> None:
         """The waiting message will not be sent: back into the input (or, when something
         new is typed there, into the prompt history: Up brings it back)."""
-        if self._waiting is None:
+        if self.waiting is None:
             return
-        text, view = self._waiting
-        self._waiting = None
+        scr = self.screen
+        text, view = self.waiting
+        self.waiting = None
         if view.is_mounted:
             await view.remove()
-        if not self.prompt.text.strip():
-            self.prompt.load_text(text)
-            self.prompt.move_cursor(self.prompt.document.end)
-            self.note(f"{why}; your message is back in the input")
+        if not scr.prompt.text.strip():
+            scr.prompt.edit_text(text)
+            scr.note(f"{why}; your message is back in the input")
         else:
-            self.prompt.prompt_history.append(text)
-            self.note(f"{why}; Up in the input brings your message back")
+            scr.prompt.prompt_history.append(text)
+            scr.note(f"{why}; Up in the input brings your message back")

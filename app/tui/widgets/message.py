@@ -1,8 +1,8 @@
 """One chat message: a role line, a collapsible <think> block, the body (a reply
 as Markdown, a prompt as typed) and a stats footer. Streamed text is buffered
-by `feed()` and drawn by `flush()`, which the chat screen calls on a timer
-(~25 Hz), appending only the new tail to the Markdown widgets instead of
-re-rendering the whole reply."""
+by `feed()` and drawn by `flush()`, which the reply stream calls on its timer
+(~25 Hz, tui/reply_stream.py), appending only the new tail to the Markdown
+widgets instead of re-rendering the whole reply."""
 from __future__ import annotations
 
 import asyncio
@@ -129,6 +129,24 @@ class MessageView(Vertical, can_focus=True):
 
 def _think_title(think: str, thinking: bool) -> str:
     return "Thinking…" if thinking else f"Thought ({len(think.split())} words)"
+
+
+def reply_footer(f) -> str:
+    """The footer of a reply just written; f: its engine.events.Finished."""
+    tail = {"stop": "", "cancelled": " · stopped", "length": " · max tokens reached",
+            "context": " · context full"}.get(f.finish_reason, f" · {f.finish_reason}")
+    prompt = f"prompt {f.prompt_tok_s:.0f} tok/s · " if f.prompt_tok_s else ""  # 0: a server that reports none
+    return f"{f.completion_tokens} tok · {f.decode_tok_s:.1f} tok/s · {prompt}TTFT {f.ttft_s:.2f} s{tail}"
+
+
+def stored_footer(stats: dict | None) -> str:
+    """The footer of a reply read back from the history."""
+    if not stats:
+        return ""
+    tail = (" · cut off: the app was closed" if stats.get("cut") == "quit" else
+            " · stopped" if stats.get("finish_reason") == "cancelled" else "")
+    return (f"{stats.get('completion_tokens', 0)} tok · {stats.get('decode_tok_s', 0):.1f} tok/s · "
+            f"TTFT {stats.get('ttft_s', 0):.2f} s{tail}")
 
 
 class Note(Static):

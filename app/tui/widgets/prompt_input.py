@@ -34,6 +34,13 @@ class PromptInput(TextArea):
         self.arg_choices = None  # command -> values for Tab completion of its argument
         self._hist_pos: int | None = None
 
+    def edit_text(self, text: str, *, focus: bool = False) -> None:
+        """Put text in the box, the cursor at its end."""
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+        if focus:
+            self.focus()
+
     def set_waiting(self, loading: bool) -> None:
         self.placeholder = self._placeholders[loading]
 

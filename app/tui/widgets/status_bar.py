@@ -103,6 +103,14 @@ class StatusBar(Static):
             self.critical = tuple(critical)
         self.redraw()
 
+    def show_live(self, wrote: bool, live: dict) -> None:
+        """A reply's figures while it is written (tui/reply_stream.py); wrote: text came."""
+        if wrote and self.state == "thinking":
+            self.set_state("writing")
+        if live:
+            self.set_stats(decode_tok_s=live.get("decode_tok_s"), prompt_tok_s=live.get("prompt_tok_s"),
+                           ttft_s=live.get("ttft_s"), critical=live.get("critical"))
+
     def line_text(self, width: int | None = None) -> Text:
         """The line at `width` cells (the bar's own width when None). Narrow terminals drop
         or shorten the least needed fields first: prompt tok/s, the r sparkline, TTFT, then
