@@ -1,4 +1,4 @@
-"""GGUF-type CPU kernels (csrc/cpu/ggml_*) against gguf-py's numpy dequantizer.
+"""GGUF-type CPU kernels (csrc/cpu/ggml/ggml_*) against gguf-py's numpy dequantizer.
 
 Each ISA path runs in its own subprocess (the path is chosen once per process
 from RAPIDMOE_ISA) on the same inputs; the parent checks the results:
@@ -8,64 +8,36 @@ from RAPIDMOE_ISA) on the same inputs; the parent checks the results:
   Activations stay f32 and the weights are dequantized exactly, so the only
   error is f32 summation: at most ~(k/lanes + chunks) roundings of 2^-24
   relative to sum|w*x|; with k = 768 and >= 8 lanes that is < 1e-5, and the
-  bound below is 1e-5 * sum|w*x|.
+  bound is 1e-5 * sum|w*x|.
 * the int8-activation GEMV (any T; Q4_0..Q8_0, Q4_K..Q6_K): x is quantized
-  to int8 blocks as llama.cpp's q8_0 / q8_1 / q8_K (q8_parts below, in numpy:
+  to int8 blocks as llama.cpp's q8_0 / q8_1 / q8_K (q8_parts in tests/ggml_oracle.py:
   f16 scales for groups of 32) and the integer sums are exact, so against
   deq(W) @ q8(x) (with the q8_1 sum term for Q4_1 / Q5_1) the same 1e-5 bound
   holds. Against the exact deq(W) @ x the error must stay within the int8
   rounding of x and below 1e-2 * sum|w*x|; and it must be much closer to the
   q8 product than to the exact one (the int8 path really ran).
+The int8 GEMV's own cases are in tests/test_ggml_int8.py; the numpy side of both
+(references, quantizer, bounds) in tests/ggml_oracle.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as G
 
+from ggml_oracle import ISAS, assert_matmul_close, assert_result, oracle, random_tensor, run_isa
 from rapidmoe.engine import kernels
 
 TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K]
-# byte offsets of the f16 scale fields in one block: set to finite values, the rest stays random
-F16_FIELDS = {G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_0: [0], G.Q5_1: [0, 2], G.Q8_0: [0], G.Q2_K: [80, 82],
-              G.Q3_K: [108], G.Q4_K: [0, 2], G.Q5_K: [0, 2], G.Q6_K: [208]}
-# ISA paths: avx512-novnni is the AVX-512 int8 GEMV without VNNI instructions
-ISAS = ["scalar", "avx2", "avx512", "avx512-novnni"]
-INT8_TYPES = [G.Q8_0, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K]
-INT8_MAX_T = 8
 K = 768          # 3 super-blocks: crosses the kernel's 512-column chunk with a partial one
 K_FLOAT = 97     # float types take any k: exercises the masked tails
 K_FLOAT16 = 160  # ... and whole vectors of 16: the fused GEMV (T <= 4)
 ROWS = 37        # odd, not a multiple of the 16-row blocks
 T_VALUES = [1, 3, 7, 20]  # f32: fused GEMV up to 8 (AVX-512) / 4 (AVX2) rows, tiled beyond; int8: 8 at a time
-
-
-def random_tensor(rng: np.random.Generator, qtype: G, rows: int, k: int) -> np.ndarray:
-    """Random valid tensor bytes [rows, row_bytes] of a GGUF type."""
-    if qtype == G.F32:
-        return rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8)
-    if qtype == G.F16:
-        return (rng.standard_normal((rows, k)) * 3).astype(np.float16).view(np.uint8)
-    if qtype == G.BF16:
-        return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    nb = rows * k // block
-    raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
-    for off in F16_FIELDS[qtype]:
-        scale = (rng.standard_normal(nb) * 0.02).astype(np.float16)
-        scale[::11] = np.float16(6e-6)  # an f16 subnormal
-        raw[:, off:off + 2] = scale.view(np.uint8).reshape(nb, 2)
-    return raw.reshape(rows, -1)
-
-
-def oracle(raw: np.ndarray, qtype: G) -> np.ndarray:
-    return gguf.quants.dequantize(raw, qtype).astype(np.float32)
 
 
 def k_of(qtype: G) -> int:
@@ -123,135 +95,12 @@ def cases(tmp_path_factory):
     return path, arrays
 
 
-def isa_env(isa: str, f32act: bool = False) -> dict:
-    available = kernels.isa_info()
-    base = isa.split("-")[0]
-    if base != "scalar" and not available[base]:
-        pytest.skip(f"this CPU has no {base}")
-    env = dict(os.environ, RAPIDMOE_ISA=isa, RAPIDMOE_GGML_F32ACT="1" if f32act else "0")
-    return env
-
-
-def run_isa(isa: str, inputs, tmp_path, f32act: bool = False, worker: str = WORKER) -> dict:
-    out = tmp_path / f"out_{isa}_{int(f32act)}.npz"
-    env = isa_env(isa, f32act)
-    subprocess.run([sys.executable, "-c", worker, str(inputs), str(out)], env=env, check=True, timeout=300)
-    res = dict(np.load(out))
-    assert str(res["isa"]) == isa.split("-")[0]
-    return res
-
-
-def q8_group(qtype: G) -> int:
-    return 256 if qtype in (G.Q4_K, G.Q5_K, G.Q6_K) else 32
-
-
-def f16(a) -> np.ndarray:
-    """f32 values rounded to the nearest IEEE half (ties to even), back in f32."""
-    with np.errstate(over="ignore"):
-        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
-
-
-def q8_parts(x: np.ndarray, group: int):
-    """The kernels' activation quantizer (llama.cpp's q8_0 / q8_1 for groups of
-    32, q8_K for 256): q = rint(x * (127 / amax)) per group, all in f32, and
-    d = amax / 127, rounded to f16, for groups of 32; d = 1 / (127 / amax) for 256
-    (llama.cpp's q8_K keeps 1/iscale). Returns q [T, k], d [T, k/group]
-    and, for groups of 32, s = f16(d * sum q) (unrounded d), the term a weight
-    block's min multiplies (None for 256)."""
-    x = np.asarray(x, np.float32)
-    T, k = x.shape
-    xg = x.reshape(T, k // group, group)
-    amax = np.abs(xg).max(-1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xg * inv[..., None])  # f32 product, ties to even
-    assert np.abs(q).max(initial=0) <= 127
-    if group != 32:
-        with np.errstate(divide="ignore"):
-            return q.reshape(T, k), np.where(inv > 0, np.float32(1) / inv, np.float32(0)).astype(np.float32), None
-    d = amax / np.float32(127)
-    s = f16(d * q.sum(-1, dtype=np.float32))  # exact integer sum, one f32 product
-    return q.reshape(T, k), f16(d), s
-
-
-def q8(x: np.ndarray, group: int) -> np.ndarray:
-    """q8(x) dequantized (float64): d * q."""
-    q, d, _ = q8_parts(x, group)
-    return np.repeat(d.astype(np.float64), group, axis=1) * q.astype(np.float64)
-
-
-def split_min(raw: np.ndarray, qtype: G):
-    """Q4_1 / Q5_1 rows -> (d * c as float64 [rows, k], the block mins m [rows, k/32])."""
-    size = gguf.GGML_QUANT_SIZES[qtype][1]
-    blocks = np.ascontiguousarray(raw).reshape(-1, size).copy()
-    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(raw.shape[0], -1)
-    blocks[:, 2:4] = 0
-    return oracle(blocks.reshape(raw.shape), qtype).astype(np.float64), m
-
-
-def assert_int8_close(y: np.ndarray, raw: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G) -> None:
-    group = q8_group(qtype)
-    q, d, s = q8_parts(x, group)
-    xq = np.repeat(d.astype(np.float64), group, axis=1) * q.astype(np.float64)
-    w64, x64 = wf.astype(np.float64), x.astype(np.float64)
-    if qtype in (G.Q4_1, G.Q5_1):  # sum w*x = sum (d*c) * (dx*q) + m * s per block
-        wc, m = split_min(raw, qtype)
-        s64 = s.astype(np.float64)
-        ref_q = xq @ wc.T + s64 @ m.T
-        mag_q = np.abs(xq) @ np.abs(wc).T + np.abs(s64) @ np.abs(m).T
-        xsum = x64.reshape(x.shape[0], -1, 32).sum(-1)
-        rounding = np.abs(x64 - xq) @ np.abs(wc).T + np.abs(xsum - s64) @ np.abs(m).T
-    else:
-        ref_q = xq @ w64.T
-        mag_q = np.abs(xq) @ np.abs(w64).T
-        rounding = np.abs(x64 - xq) @ np.abs(w64).T  # what int8 activations may move each output
-    # exact integer sums: only f32 rounding
-    err_q = np.abs(y.astype(np.float64) - ref_q)
-    assert y.shape == ref_q.shape
-    assert np.all(err_q <= 1e-5 * mag_q + 1e-30), f"max err/bound {np.max(err_q / (1e-5 * mag_q + 1e-30)):.3g}"
-    ref = x64 @ w64.T
-    mag = np.abs(x64) @ np.abs(w64).T
-    err = np.abs(y.astype(np.float64) - ref)
-    assert np.all(err <= 1e-2 * mag + 1e-30), f"max err/(sum|w*x|) {np.max(err / (mag + 1e-30)):.3g}"
-    assert np.all(err <= 1.001 * rounding + 1e-5 * mag + 1e-30)
-    # the int8 path ran: the result follows q8(x), not x
-    assert np.max(err_q) < 0.1 * np.max(err)
-
-
-def assert_result(y: np.ndarray, raw: np.ndarray, x: np.ndarray, qtype: G, int8: bool) -> None:
-    wf = oracle(raw, qtype)
-    if int8 and qtype in INT8_TYPES:
-        assert_int8_close(y, raw, wf, x, qtype)
-    else:
-        assert_matmul_close(y, wf, x, qtype)
-
-
-def bf16(a) -> np.ndarray:
-    """f32 values rounded to the nearest bfloat16 (ties to even), back in f32."""
-    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
-
-
-def assert_matmul_close(y: np.ndarray, wf: np.ndarray, x: np.ndarray, qtype: G = G.F32) -> None:
-    """y = x @ wf.T up to f32 summation order; against F16 / BF16 weights the
-    activations are rounded to the weight's type first, as llama.cpp does."""
-    xr = {G.F16: f16, G.BF16: bf16}.get(qtype, np.asarray)(x)
-    ref = xr.astype(np.float64) @ wf.astype(np.float64).T
-    bound = 1e-5 * (np.abs(xr).astype(np.float64) @ np.abs(wf).astype(np.float64).T) + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    assert y.shape == ref.shape
-    assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
-    if qtype in (G.F16, G.BF16):  # the rounding ran: the result follows round(x), not x
-        exact = np.abs(y.astype(np.float64) - x.astype(np.float64) @ wf.astype(np.float64).T)
-        assert np.max(err) < 0.1 * np.max(exact)
-
-
 # (the novnni variant differs only in its int8 kernels, so it has no f32 run)
 @pytest.mark.parametrize("isa, act", [(i, a) for i in ISAS for a in ("int8", "f32") if not (a == "f32" and i.endswith("novnni"))])
 def test_isa_path_matches_numpy(isa, act, cases, tmp_path):
     inputs, arrays = cases
     int8 = act == "int8"
-    res = run_isa(isa, inputs, tmp_path, f32act=not int8)
+    res = run_isa(isa, inputs, tmp_path, worker=WORKER, f32act=not int8)
     for qtype in TYPES:
         name, w = qtype.name, arrays["w_" + qtype.name]
         wf = oracle(w, qtype)
@@ -276,201 +125,6 @@ def test_isa_path_matches_numpy(isa, act, cases, tmp_path):
     assert np.isnan(res["f16_all"][nan]).all()
     refbf = oracle(bits.view(np.uint8).reshape(1, -1), G.BF16).reshape(-1)
     assert np.array_equal(res["bf16_all"].view(np.uint32), refbf.view(np.uint32))
-
-
-THREADS_WORKER = r"""
-import sys
-import numpy as np
-from rapidmoe.engine import kernels
-d = np.load(sys.argv[1])
-types = [int(t) for t in d["types"]]
-xs = ("x1", "x5", "x12")
-ys = [kernels.ggml_matmul(d[f"w{q}"], q, d[x]) for q in types for x in xs]  # the default pool (all usable cores)
-kernels.set_num_threads(1)  # lowering the pool size after work is safe; raising it is not (see report)
-ys += [kernels.ggml_matmul(d[f"w{q}"], q, d[x]) for q in types for x in xs]
-np.savez(sys.argv[2], *ys)
-"""
-
-
-def test_results_do_not_depend_on_thread_count(tmp_path):
-    # Row blocks and column chunks are fixed, so the split over threads cannot change any sum
-    # (int8 GEMV at T = 1, 5; the tiled path at T = 12).
-    rng = np.random.default_rng(5)
-    inputs, out = tmp_path / "in.npz", tmp_path / "out.npz"
-    types = [G.Q4_K, G.Q6_K, G.Q8_0, G.Q4_1]
-    ws = {f"w{int(q)}": random_tensor(rng, q, 1100, 512) for q in types}
-    np.savez(inputs, types=np.array([int(q) for q in types]), x1=rng.standard_normal((1, 512)).astype(np.float32),
-             x5=rng.standard_normal((5, 512)).astype(np.float32), x12=rng.standard_normal((12, 512)).astype(np.float32),
-             **ws)
-    subprocess.run([sys.executable, "-c", THREADS_WORKER, str(inputs), str(out)], check=True, timeout=120)
-    ys = np.load(out)
-    n = len(types) * 3
-    for i in range(n):
-        assert np.array_equal(ys[f"arr_{i}"], ys[f"arr_{i + n}"])
-
-
-SHAPES_WORKER = r"""
-import json, sys
-import numpy as np
-from rapidmoe.engine import kernels
-d = np.load(sys.argv[1])
-out = {"isa": np.array(kernels.isa_info()["active"])}
-for i, (qtype, T) in enumerate(json.loads(str(d["meta"]))):
-    out[f"y{i}"] = kernels.ggml_matmul(d[f"w{i}"], qtype, d[f"x{i}"][:T])
-np.savez(sys.argv[2], **out)
-"""
-
-
-@pytest.fixture(scope="module")
-def int8_shapes(tmp_path_factory):
-    # rows below / across the row tiles (8, 4) and row blocks (16); k from one block up; T = 1..8
-    rng = np.random.default_rng(11)
-    arrays, meta = {}, []
-    for qtype in INT8_TYPES:
-        block = gguf.GGML_QUANT_SIZES[qtype][0]
-        for rows, nblk in [(1, 1), (3, 2), (17, 5), (33, 1), (9, 3)]:
-            k = block * nblk
-            i = len(meta)
-            arrays[f"w{i}"] = random_tensor(rng, qtype, rows, k)
-            arrays[f"x{i}"] = (rng.standard_normal((INT8_MAX_T, k)) * rng.uniform(0.1, 10, (1, k))).astype(np.float32)
-            for T in range(1, INT8_MAX_T + 1):
-                meta.append((int(qtype), T))
-                if T < INT8_MAX_T:
-                    arrays[f"w{len(meta)}"], arrays[f"x{len(meta)}"] = arrays[f"w{i}"], arrays[f"x{i}"]
-    path = tmp_path_factory.mktemp("ggml8") / "in.npz"
-    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
-    return path, arrays, meta
-
-
-@pytest.mark.parametrize("isa", ISAS)
-def test_int8_gemv_odd_shapes(isa, int8_shapes, tmp_path):
-    inputs, arrays, meta = int8_shapes
-    res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
-    for i, (qtype, T) in enumerate(meta):
-        w, x = arrays[f"w{i}"], arrays[f"x{i}"][:T]
-        assert_int8_close(res[f"y{i}"], w, oracle(w, G(qtype)), x, G(qtype))
-
-
-def test_int8_activations_exactly_as_numpy(tmp_path):
-    # Q8_0 weights = identity (d = 1, one code 1 per row): y[t, j] = d_x * q_x[j] in f32, the
-    # quantized activations themselves, which must equal the numpy quantizer's bit for bit on
-    # every path (ties included: x = n + 1/2 with amax = 127, so x * 127 / amax is exact).
-    # Scales d from below the f16 subnormals (d = 0), among them, up to ~2^7 (s up to ~2^15).
-    # And Q4_1 weights with d = 0, m = 1: y[t, j] = s of group j, the q8_1 sum term
-    # f16(d * sum q), bit for bit.
-    rng = np.random.default_rng(13)
-    k = 256
-    raw = np.zeros((k, k // 32, 34), np.uint8)
-    one = np.array([1], np.float16).view(np.uint8)
-    for j in range(k):
-        raw[j, j // 32, 0:2] = one
-        raw[j, j // 32, 2 + j % 32] = 1
-    raw = raw.reshape(k, -1)
-    raw41 = np.zeros((k // 32, k // 32, 20), np.uint8)
-    for j in range(k // 32):
-        raw41[j, j, 2:4] = one
-    raw41 = raw41.reshape(k // 32, -1)
-    x = (rng.standard_normal((8, k)) * np.exp2([0, -15, -40, -8, 10, 5, -17, 12])[:, None]).astype(np.float32)
-    x[0] = np.resize(np.arange(-126.5, 127.5, 1.0, dtype=np.float32), k)
-    x[0, ::32] = 127  # amax of every group
-    x[1, 32:64] = 0   # an all-zero group
-    q, d, s = q8_parts(x, 32)
-    assert np.all(d[2] == 0) and np.all(d[6] < 2.0**-14) and np.any(d[6] > 0) and np.all(d[7] > 50)
-    want = (np.repeat(d, 32, axis=1) * q).astype(np.float32)
-    inputs = tmp_path / "in.npz"
-    meta = [(int(G.Q8_0), 8), (int(G.Q4_1), 8)]
-    np.savez(inputs, meta=np.array(json.dumps(meta)), w0=raw, x0=x, w1=raw41, x1=x)
-    for isa in ISAS:
-        try:
-            res = run_isa(isa, inputs, tmp_path, worker=SHAPES_WORKER)
-        except pytest.skip.Exception:
-            continue
-        assert np.array_equal(res["y0"], want), isa  # values: a zero may carry either sign
-        assert np.array_equal(res["y1"], s), isa
-
-
-def q6_k_identity(k: int) -> np.ndarray:
-    """Q6_K rows [k, k/256 * 210] with weight 1 at (j, j) and 0 elsewhere (d = 1, scales 1)."""
-    c = np.full((k, k), 32, np.int32)  # codes are w + 32
-    c[np.arange(k), np.arange(k)] = 33
-    blocks = np.zeros((k, k // 256, 210), np.uint8)
-    for b in range(k // 256):
-        cb = c[:, 256 * b:256 * (b + 1)]
-        for h in range(2):
-            for s in range(4):
-                part = cb[:, 128 * h + 32 * s:128 * h + 32 * s + 32]
-                lo = slice(64 * h + 32 * (s & 1), 64 * h + 32 * (s & 1) + 32)
-                blocks[:, b, lo] |= ((part & 15) << (4 * (s >> 1))).astype(np.uint8)
-                blocks[:, b, 128 + 32 * h:160 + 32 * h] |= ((part >> 4) << (2 * s)).astype(np.uint8)
-        blocks[:, b, 192:208] = 1
-        blocks[:, b, 208:210] = np.array([1], np.float16).view(np.uint8)
-    return blocks.reshape(k, -1)
-
-
-def test_q8_k_activation_scale_is_llama_cpps(tmp_path):
-    # Q6_K identity weights: y[t, j] = f32(d_x * q_x[j]), the q8_K activations themselves.
-    # llama.cpp's q8_K scale is 1 / (127 / amax) (its 1/iscale), an ulp off amax / 127 for
-    # some of these groups; its decode products (vec_dot) carry that d. The scales are set
-    # by code every path shares (ggml_q8.h); the scalar path's integer sums are exact here,
-    # while the SIMD lanes, as ggml's, round large partial sums that cancel (about 0.005 d).
-    rng = np.random.default_rng(17)
-    k = 512
-    x = (rng.standard_normal((8, k)) * np.exp2(rng.integers(-20, 20, (8, 1)))).astype(np.float32)
-    q, d, _ = q8_parts(x, 256)
-    amax = np.abs(x.reshape(8, -1, 256)).max(-1)
-    assert np.any(d != amax / np.float32(127))  # the case tells the two apart
-    want = (np.repeat(d, 256, axis=1) * q).astype(np.float32)
-    inputs = tmp_path / "in.npz"
-    np.savez(inputs, meta=np.array(json.dumps([(int(G.Q6_K), 8)])), w0=q6_k_identity(k), x0=x)
-    assert np.array_equal(run_isa("scalar", inputs, tmp_path, worker=SHAPES_WORKER)["y0"], want)
-
-
-def test_int8_token_results_do_not_depend_on_the_batch():
-    # matmul and expert_matmul give a token the same bits alone or among others
-    # (prefill vs decode): the int8 kernels take any number of tokens 8 at a time.
-    if os.environ.get("RAPIDMOE_GGML_F32ACT", "0") not in ("", "0"):
-        pytest.skip("int8 activations are off")
-    rng = np.random.default_rng(21)
-    ids = np.array([0] * 11 + [2] * 9 + [0] * 8, dtype=np.int32)[rng.permutation(28)]  # 19 and 9 rows
-    for qtype in (G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K):
-        k = 512
-        x = rng.standard_normal((len(ids), k)).astype(np.float32)
-        w = random_tensor(rng, qtype, 21, k)
-        y = kernels.ggml_matmul(w, qtype, x)
-        we = np.stack([random_tensor(rng, qtype, 21, k) for _ in range(3)])
-        ye = kernels.ggml_expert_matmul(we, qtype, ids, x)
-        for j in range(len(ids)):
-            assert np.array_equal(y[j], kernels.ggml_matmul(w, qtype, x[j])), qtype.name
-            assert np.array_equal(ye[j], kernels.ggml_expert_matmul(we, qtype, ids[j:j + 1], x[j:j + 1])[0]), qtype.name
-        assert_int8_close(ye[ids == 0], we[0], oracle(we[0], qtype), x[ids == 0], qtype)
-
-
-NAN_WORKER = r"""
-import sys
-import numpy as np
-from rapidmoe.engine import kernels
-d = np.load(sys.argv[1])
-out = {"isa": np.array(kernels.isa_info()["active"])}
-for q in d["types"]:
-    out[f"y{q}"] = kernels.ggml_matmul(d[f"w{q}"], int(q), d["x"])
-np.savez(sys.argv[2], **out)
-"""
-
-
-@pytest.mark.parametrize("isa", ISAS)
-def test_int8_gemv_propagates_nan(isa, tmp_path):
-    # A NaN or inf activation makes its rows' outputs NaN (its group's scale is NaN).
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal((3, 512)).astype(np.float32)
-    x[0, 300] = np.nan
-    x[1, 7] = np.inf
-    inputs = tmp_path / "in.npz"
-    np.savez(inputs, types=np.array([int(q) for q in INT8_TYPES]), x=x,
-             **{f"w{int(q)}": random_tensor(rng, q, 5, 512) for q in INT8_TYPES})
-    res = run_isa(isa, inputs, tmp_path, worker=NAN_WORKER)
-    for q in INT8_TYPES:
-        y = res[f"y{int(q)}"]
-        assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all(), q.name
 
 
 def test_memmap_weights_and_vector_input(tmp_path):

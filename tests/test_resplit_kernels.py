@@ -90,6 +90,12 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
 def check_all(seed=0):
     """Every kernel of the active ISA path against the oracle (also run per ISA in a subprocess)."""
     rng = np.random.default_rng(seed)
+    _check_expert_matmul(rng)
+    _check_moe_forward(rng)
+
+
+def _check_expert_matmul(rng):
+    """Each format's expert GEMV / GEMM: decode, ragged prefill groups, every row count and tail."""
     for fmt, (out_dim, in_dim) in (("wq", (40, 96)), ("wr", (24, 576)), ("d4", (33, 1408)), ("wq", (7, 100)), ("wq", (9, 1408)), ("wr", (5, 704)),
                                 ("wr", (6, 128)), ("wr", (3, 2048)), ("wr", (9, 100)), ("wr", (4, 256))):
         E = 5
@@ -133,6 +139,10 @@ def check_all(seed=0):
                 x = rng.standard_normal((2, in_dim)).astype(np.float32)
                 y = kernels.resplit_expert_matmul(fmt, qr, in_dim, np.array([1, 0], np.int32), x)
                 close(y, np.stack([dense[e] @ ax(x[s]) for s, e in enumerate((1, 0))]))
+
+
+def _check_moe_forward(rng):
+    """The whole MoE layer: decode and prefill groups, every critical count, a WQ-only layer."""
     E, H, F, T, k = 6, 128, 96, 5, 3
     L = make_layer(rng, E, H, F)
     x = rng.standard_normal((T, H)).astype(np.float32)

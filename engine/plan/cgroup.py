@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 _UNLIMITED = 1 << 60  # v1 writes "no limit" as a page-rounded 2^63 - 1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,23 @@ def _stat(text: str | None, key: str) -> int:
     return 0
 
 
+def _under(root: Path | str, controller: str, read: Callable[[int, list[Path]], T]) -> T | None:
+    """read(version, dirs) on the cgroup of `controller` (see _cgroup_dirs); None: there is none."""
+    found = _cgroup_dirs(Path(root), controller)
+    return None if found is None else read(*found)
+
+
 def cgroup_memory(root: Path | str = "/") -> CgroupMemory | None:
     """The memory cgroup's effective limit and use (None: no memory cgroup found)."""
-    root = Path(root)
-    found = _cgroup_dirs(root, "memory")
-    if found is None:
-        return None
-    version, dirs = found
+    return _under(root, "memory", _memory)
+
+
+def cgroup_cpu_limit(root: Path | str = "/") -> int | None:
+    """Whole CPUs a cgroup CPU quota allows (rounded up), None: no quota."""
+    return _under(root, "cpu", _cpu_limit)
+
+
+def _memory(version: int, dirs: list[Path]) -> CgroupMemory:
     limit_file, usage_file = ("memory.max", "memory.current") if version == 2 else \
         ("memory.limit_in_bytes", "memory.usage_in_bytes")
     limits = [v for v in (_int_or_none(_read(d / limit_file)) for d in dirs) if v is not None]
@@ -122,13 +134,7 @@ def cgroup_memory(root: Path | str = "/") -> CgroupMemory | None:
     return CgroupMemory(version, min(limits) if limits else None, max(0, usage - inactive))
 
 
-def cgroup_cpu_limit(root: Path | str = "/") -> int | None:
-    """Whole CPUs a cgroup CPU quota allows (rounded up), None: no quota."""
-    root = Path(root)
-    found = _cgroup_dirs(root, "cpu")
-    if found is None:
-        return None
-    version, dirs = found
+def _cpu_limit(version: int, dirs: list[Path]) -> int | None:
     best = None
     for d in dirs:
         if version == 2:

@@ -174,6 +174,19 @@ def measure_mode(layers, dev, devname, a, name, pol, cache_layers):
             per_layer, f"{a.prefill / t_pre:.0f}", busy, f"{cpu_ms:.2f}"]
 
 
+def print_bandwidth(bw: dict, n_expert: int) -> None:
+    """The bandwidth section of the report, from check_kernels.bandwidth's numbers."""
+    print(f"\n== bandwidth\ndevice copy (read+write): {bw['copy_GBs']:.0f} GB/s\n"
+          f"W_Q GEMV, k=8 experts, rotating sets: gate+up {bw['gate_up_GBs']:.0f} GB/s ({bw['gate_up_us']:.0f} us), "
+          f"down {bw['down_GBs']:.0f} GB/s ({bw['down_us']:.0f} us), layer {bw['layer_k8_GBs']:.0f} GB/s "
+          f"= {bw['layer_k8_GBs'] / bw['copy_GBs']:.0%} of copy (bar 60%)\n"
+          f"W_Q GEMV over a whole layer ({n_expert} experts): {bw['layer_all_GBs']:.0f} GB/s "
+          f"= {bw['layer_all_GBs'] / bw['copy_GBs']:.0%} of copy\nvariants (GB/s): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in bw.items() if "rpw" in k)
+          + "\nGGUF-type GEMV, [7168, 16384], T=1 (GB/s): "
+          + ", ".join(f"{k[5:]} {v:.0f}" for k, v in bw.items() if k.startswith("ggml ")))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--standin", action="store_true", help="CPU tensors stand in for the GPU (tests this script)")
@@ -215,15 +228,7 @@ def main() -> int:
     print(f"\n{a.layers} DeepSeek-V3-shaped layers written ({layers[0].E} experts each) in {time.perf_counter() - t0:.1f} s")
     bw = None if a.standin else guarded("bandwidth", bandwidth, layers[0].parts)
     if bw:
-        print(f"\n== bandwidth\ndevice copy (read+write): {bw['copy_GBs']:.0f} GB/s\n"
-              f"W_Q GEMV, k=8 experts, rotating sets: gate+up {bw['gate_up_GBs']:.0f} GB/s ({bw['gate_up_us']:.0f} us), "
-              f"down {bw['down_GBs']:.0f} GB/s ({bw['down_us']:.0f} us), layer {bw['layer_k8_GBs']:.0f} GB/s "
-              f"= {bw['layer_k8_GBs'] / bw['copy_GBs']:.0%} of copy (bar 60%)\n"
-              f"W_Q GEMV over a whole layer ({layers[0].E} experts): {bw['layer_all_GBs']:.0f} GB/s "
-              f"= {bw['layer_all_GBs'] / bw['copy_GBs']:.0%} of copy\nvariants (GB/s): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in bw.items() if "rpw" in k)
-              + "\nGGUF-type GEMV, [7168, 16384], T=1 (GB/s): "
-              + ", ".join(f"{k[5:]} {v:.0f}" for k, v in bw.items() if k.startswith("ggml ")))
+        print_bandwidth(bw, layers[0].E)
     cache_sets = {f: caches(dev, layers, f) for f in (1.0, 0.25, 0.0)}
     rows = []
     corr = guarded("split correctness", correctness, layers[0], dev, cache_sets, devname, rows, not a.standin)
