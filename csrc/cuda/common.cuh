@@ -27,6 +27,8 @@ namespace rmoe_cuda {
 RMOE_HD u32 ld_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
 RMOE_HD u32 ld_u32(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
+// float <-> bits, each way on the device by its intrinsic, on the host by a union (the
+// two are the same shape on purpose).
 RMOE_HD float bits_to_float(u32 b) {
 #if RMOE_DEVICE_PATH
   return __uint_as_float(b);

@@ -43,27 +43,22 @@ struct F16Rows {
 }  // namespace
 
 void kv_rows_f32_avx2(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
-  const size_t d = c.dim;
-  for (size_t t = 0; t < n; ++t, tile += d) {
-    const uint8_t* r = c.base + (j0 + t) * c.pos_stride + g * c.head_stride;
-    if (c.type == KvType::F32) {
-      std::memcpy(tile, r, d * sizeof(float));
-    } else if (c.type == KvType::F16) {
-      size_t i = 0;
-      for (; i + 8 <= d; i += 8)
-        _mm256_storeu_ps(tile + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i))));
-      for (; i < d; ++i) tile[i] = h2f((uint32_t)(r[2 * i] | r[2 * i + 1] << 8));
-    } else {
-      for (size_t b = 0; b < d / 32; ++b, r += 34) {
+  rows_to_tile(
+      c, g, j0, n, tile,
+      [](const uint8_t* r, size_t d, float* out) {
+        size_t i = 0;
+        for (; i + 8 <= d; i += 8)
+          _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i))));
+        for (; i < d; ++i) out[i] = h2f((uint32_t)(r[2 * i] | r[2 * i + 1] << 8));
+      },
+      [](const uint8_t* r, float* out) {
         const __m256 s = _mm256_set1_ps(h2f((uint32_t)(r[0] | r[1] << 8)));
         RMOE_UNROLL
         for (int i = 0; i < 4; ++i) {
           const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 + 8 * i));
-          _mm256_storeu_ps(tile + 32 * b + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+          _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
         }
-      }
-    }
-  }
+      });
 }
 
 namespace {
@@ -227,6 +222,8 @@ void accum_all(const float* p, size_t pstride, size_t rows, const Rows& vals, si
 
 }  // namespace
 
+// The entry points the kernel table names; attn_avx512.cpp has their twins on purpose
+// (the same calls on its own row types).
 void kv_accum_avx2(const float* p, size_t pstride, size_t rows, const float* tile, size_t tstride, size_t n,
                    size_t dim, const float* c, float* const* o) {
   accum_all(p, pstride, rows, F32Rows{tile, tstride}, n, dim, c, o);

@@ -161,30 +161,26 @@ void accum_all(const float* p, size_t pstride, size_t rows, const Rows& vals, si
 }  // namespace
 
 void kv_rows_f32_avx512(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
-  const size_t d = c.dim;
-  for (size_t t = 0; t < n; ++t, tile += d) {
-    const uint8_t* r = c.base + (j0 + t) * c.pos_stride + g * c.head_stride;
-    if (c.type == KvType::F32) {
-      std::memcpy(tile, r, d * sizeof(float));
-    } else if (c.type == KvType::F16) {
-      for (size_t i = 0; i < d; i += 16) {
-        const __mmask16 m = tail_mask(d - i);
-        const __m256i h = _mm256_maskz_loadu_epi16(m, r + 2 * i);
-        _mm512_mask_storeu_ps(tile + i, m, _mm512_cvtph_ps(h));
-      }
-    } else {  // q8_0: 32 values per block
-      for (size_t b = 0; b < d / 32; ++b, r += 34) {
+  rows_to_tile(
+      c, g, j0, n, tile,
+      [](const uint8_t* r, size_t d, float* out) {
+        for (size_t i = 0; i < d; i += 16) {
+          const __mmask16 m = tail_mask(d - i);
+          const __m256i h = _mm256_maskz_loadu_epi16(m, r + 2 * i);
+          _mm512_mask_storeu_ps(out + i, m, _mm512_cvtph_ps(h));
+        }
+      },
+      [](const uint8_t* r, float* out) {  // q8_0: 32 values per block
         const __m512 s = _mm512_set1_ps(h2f((uint32_t)(r[0] | r[1] << 8)));
         RMOE_UNROLL
         for (int i = 0; i < 2; ++i) {
           const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 + 16 * i));
-          _mm512_storeu_ps(tile + 32 * b + 16 * i, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
+          _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
         }
-      }
-    }
-  }
+      });
 }
 
+// The entry points the kernel table names: twins of attn_avx2.cpp's on purpose.
 void kv_scores_avx512(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,
                       float* s, size_t sstride) {
   scores_all(q, nq, qstride, F32Rows{tile, dim}, n, dim, scale, s, sstride);

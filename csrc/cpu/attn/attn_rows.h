@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "attn/attn.h"
 
@@ -23,6 +24,21 @@ inline void on_cache_rows(const KvRows& c, size_t g, size_t j0, Fn&& fn) {
   const uint8_t* p = c.base + j0 * c.pos_stride + g * c.head_stride;
   if (c.type == KvType::F16) fn(F16{p, c.pos_stride});
   else fn(F32{reinterpret_cast<const float*>(p), c.pos_stride / 4});
+}
+
+// Rows j0 .. j0 + n of group g of cache c as f32 into tile (n rows of c.dim): f32 rows are
+// copied, f16 rows converted by f16(row, dim, out), q8_0 rows block by block by
+// q8(block of 34 bytes, out[32]).
+template <class F16, class Q8>
+inline void rows_to_tile(const KvRows& c, size_t g, size_t j0, size_t n, float* tile, F16&& f16, Q8&& q8) {
+  const size_t d = c.dim;
+  for (size_t t = 0; t < n; ++t, tile += d) {
+    const uint8_t* r = c.base + (j0 + t) * c.pos_stride + g * c.head_stride;
+    if (c.type == KvType::F32) std::memcpy(tile, r, d * sizeof(float));
+    else if (c.type == KvType::F16) f16(r, d, tile);
+    else
+      for (size_t b = 0; b < d / 32; ++b) q8(r + 34 * b, tile + 32 * b);
+  }
 }
 
 // Blocks of R items while they fit, then one each of R/2, R/4, .., 1 where they fit:

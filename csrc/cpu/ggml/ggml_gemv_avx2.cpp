@@ -9,6 +9,8 @@ namespace rmoe {
 namespace ggml {
 namespace {
 
+// Twin of F32x16 and the entry points in ggml_gemv_avx512.cpp, on purpose: a width's
+// traits and its entry points are all that differ (the kernels are ggml_gemv_simd.h).
 // One ymm register of floats (16 ymm: R * 3 accumulators + R weights fit).
 struct F32x8 {
   using F = __m256;

@@ -11,6 +11,7 @@ namespace rmoe {
 namespace ggml {
 namespace {
 
+// Twin of F32x8 and the entry points in ggml_gemv_avx2.cpp, on purpose (see there).
 // One zmm register of floats (32 zmm: R * 4 accumulators + R weights fit).
 struct F32x16 {
   using F = __m512;

@@ -118,6 +118,8 @@ bool gemv(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint
 
 }  // namespace
 
+// The scalar table's shape on purpose (q8_layout_scalar): Q4_K and Q5_K take the
+// swapped layout here.
 int q8_layout_avx512(int type) {
   switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return Q8_32;

@@ -199,6 +199,8 @@ RMOE_INLINE void q6_k(const uint8_t* b, K& o) {
   }
 }
 
+// (The float unpackers are twins of ggml_unpack_avx512.h's on purpose: each is its
+// width's load and convert intrinsics, nothing else.)
 // 8 weights of a float type as one "block".
 constexpr int lanes = 8;
 template <class K>

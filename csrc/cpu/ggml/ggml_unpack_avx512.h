@@ -242,6 +242,7 @@ RMOE_INLINE void q6_k(const uint8_t* b, K& o) {
 }
 
 
+// (Twins of ggml_unpack_avx2.h's float unpackers on purpose: see there.)
 // 16 weights of a float type as one "block".
 constexpr int lanes = 16;
 template <class K>

@@ -43,35 +43,41 @@ bool int8_acts() { return kernels().resplit.int8_acts; }
 // q8_block_scalar on the ISA path in use (identical bytes).
 int q8_block(const float* x, size_t n, int8_t* q, float* sx) { return kernels().resplit.q8_block(x, n, q, sx, 127.f); }
 
+// put(b, q, sx, sum) for each 32-block b of x, q8_block'd.
+template <class Put>
+void q8_blocks(const float* x, size_t n, Put&& put) {
+  for (size_t b = 0; b < (n + 31) / 32; ++b) {
+    int8_t q[32];
+    float sx;
+    const int sum = q8_block(x + 32 * b, n - 32 * b, q, &sx);
+    put(b, q, sx, sum);
+  }
+}
+
 // D4 int8 activations, per group of 4 blocks (64 floats): int8 lo[4 blocks][16] (weights
 // 0-15), int8 hi[4][16] (weights 16-31), float sx[16] (lanes 4b..4b+3 = sx_b), float
 // c[16] (lane 4b = sx_b * sum(xq_b)).
 void prep_d4_q8(const float* x, size_t n, float* out) {
   const size_t nb = (n + 31) / 32;
   std::memset(out, 0, (nb + 3) / 4 * 64 * sizeof(float));
-  for (size_t b = 0; b < nb; ++b) {
-    int8_t q[32];
-    float sx;
-    const int sum = q8_block(x + 32 * b, n - 32 * b, q, &sx);
+  q8_blocks(x, n, [&](size_t b, const int8_t* q, float sx, int sum) {
     float* g = out + (b / 4) * 64;
     int8_t* xq = reinterpret_cast<int8_t*>(g) + (b % 4) * 16;
     std::memcpy(xq, q, 16);
     std::memcpy(xq + 64, q + 16, 16);
     for (int l = 0; l < 4; ++l) g[32 + 4 * (b % 4) + l] = sx;
     g[48 + 4 * (b % 4)] = sx * (float)sum;
-  }
+  });
 }
 
+// (prep_d4_q8 and prep_wq_q8 share their shape on purpose: each writes its kernel's layout.)
 // WQ int8 activations, per group of 8 blocks (112 floats): int8 xq[5][8 blocks][8 lanes]
 // (same lane order as the f32 layout, lane 7 = 0), float sx[16] (lanes 2b, 2b+1 = sx_b),
 // float c[16] (lane 2b = sx_b * sum(xq_b)). Block b: sx = max|x|/127, xq = rint(x * 127/max|x|).
 void prep_wq_q8(const float* x, size_t n, float* out) {
   const size_t nb = (n + 31) / 32;
   std::memset(out, 0, (nb + 7) / 8 * 112 * sizeof(float));
-  for (size_t b = 0; b < nb; ++b) {
-    int8_t q[32];
-    float sx;
-    const int sum = q8_block(x + 32 * b, n - 32 * b, q, &sx);
+  q8_blocks(x, n, [&](size_t b, const int8_t* q, float sx, int sum) {
     float* g = out + (b / 8) * 112;
     int8_t* xq = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
     for (int i = 0; i < 5; ++i) {
@@ -80,7 +86,7 @@ void prep_wq_q8(const float* x, size_t n, float* out) {
     }
     g[80 + 2 * (b % 8)] = g[80 + 2 * (b % 8) + 1] = sx;
     g[96 + 2 * (b % 8)] = sx * (float)sum;
-  }
+  });
 }
 // WR int8 activations (wr_int8_acts()), per 64-block 48 floats: int8 xq[64], float sx[16]
 // (lanes 0-7: sx of weights 0-31, 8-15: of 32-63), int32 c[16] = -9 * sum xq[4l..4l+3].

@@ -21,7 +21,6 @@ namespace resplit {
 
 namespace {
 
-
 // WQ on int8 activations (prep_wq_q8): 8 blocks per register, one byte lane per
 // weight byte. Digit of state u: (u > 85) + (u > 170), next state 3u mod 256;
 // the digits (0..2) times int8 x are summed by VNNI (or maddubs without it).
@@ -139,16 +138,6 @@ void wq_rows(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp,
   }
 }
 
-template <int NT>
-void wq_tile_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  wq_tile<NT, true>(q, nb, xp, xs, y, ys);
-}
-template <int NT>
-void wq_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  wq_tile<NT, false>(q, nb, xp, xs, y, ys);
-}
-
-
 // D4 on int8 activations (prep_d4_q8): 4 blocks per register, low nibbles
 // (weights 0-15) and high nibbles (16-31) times int8 x; w = d*q - m per block.
 template <int NT, bool VNNI>
@@ -191,37 +180,29 @@ void d4_tile(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, 
   }
   for (int t = 0; t < NT; ++t) y[t * ys] = _mm512_reduce_add_ps(tot[t]) - _mm512_reduce_add_ps(totm[t]);
 }
-template <int NT>
-void d4_tile_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  d4_tile<NT, true>(q, nb, xp, xs, y, ys);
-}
-template <int NT>
-void d4_tile_bw(const uint8_t* q, size_t nb, const float* xp, size_t xs, float* y, size_t ys) {
-  d4_tile<NT, false>(q, nb, xp, xs, y, ys);
-}
 
 // Tiles of 8 tokens (32 registers hold their accumulators), then 4, 2, 1.
-#define RMOE_TILED(name, tile)                                                                        \
+#define RMOE_TILED(name, tile, V)                                                                     \
   void name(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) { \
     size_t t = 0;                                                                                     \
-    for (; t + 8 <= T; t += 8) tile<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);                       \
-    if (t + 4 <= T) { tile<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }                      \
-    if (t + 2 <= T) { tile<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }                      \
-    if (t < T) tile<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);                                       \
+    for (; t + 8 <= T; t += 8) tile<8, V>(q, nb, xp + t * xs, xs, y + t * ys, ys);                    \
+    if (t + 4 <= T) { tile<4, V>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }                   \
+    if (t + 2 <= T) { tile<2, V>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }                   \
+    if (t < T) tile<1, V>(q, nb, xp + t * xs, xs, y + t * ys, ys);                                    \
   }
 
 // WQ also takes 16 tokens per decoded row (one accumulator each): prefill decodes half as often.
 void row_dot_wq_vnni(const uint8_t* q, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys) {
   size_t t = 0;
-  for (; t + 16 <= T; t += 16) wq_tile_vnni<16>(q, nb, xp + t * xs, xs, y + t * ys, ys);
-  for (; t + 8 <= T; t += 8) wq_tile_vnni<8>(q, nb, xp + t * xs, xs, y + t * ys, ys);
-  if (t + 4 <= T) { wq_tile_vnni<4>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }
-  if (t + 2 <= T) { wq_tile_vnni<2>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
-  if (t < T) wq_tile_vnni<1>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  for (; t + 16 <= T; t += 16) wq_tile<16, true>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  for (; t + 8 <= T; t += 8) wq_tile<8, true>(q, nb, xp + t * xs, xs, y + t * ys, ys);
+  if (t + 4 <= T) { wq_tile<4, true>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 4; }
+  if (t + 2 <= T) { wq_tile<2, true>(q, nb, xp + t * xs, xs, y + t * ys, ys); t += 2; }
+  if (t < T) wq_tile<1, true>(q, nb, xp + t * xs, xs, y + t * ys, ys);
 }
-RMOE_TILED(row_dot_wq_bw, wq_tile_bw)
-RMOE_TILED(row_dot_d4_vnni, d4_tile_vnni)
-RMOE_TILED(row_dot_d4_bw, d4_tile_bw)
+RMOE_TILED(row_dot_wq_bw, wq_tile, false)
+RMOE_TILED(row_dot_d4_vnni, d4_tile, true)
+RMOE_TILED(row_dot_d4_bw, d4_tile, false)
 
 }  // namespace
 

@@ -25,6 +25,8 @@ namespace {
 
 constexpr size_t kRows = 16, kMaxTok = 3;
 
+// (pack_row has resplit_i8_avx512.cpp's shape on purpose: the tiles differ, int16 pairs
+// of 8 rows here, int8 quads of 16 rows there.)
 // One row's 32-weight blocks (f padded to whole blocks) -> int16 at tile row r: the
 // rounding of q8_block_avx2 (s = max|w|/127, q = rint(w/s)), without its copy of the
 // block; each weight pair is one 32-bit store.

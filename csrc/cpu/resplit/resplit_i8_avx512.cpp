@@ -22,6 +22,7 @@ namespace {
 
 constexpr size_t kRows = 32, kMaxTok = 6;
 
+// (The shape of resplit_i8_avx2.cpp's pack_row on purpose: its tile is int16 pairs of 8 rows.)
 // One row's 32-weight blocks -> int8 (s = max|w|/127, q = rint(w/s)) at tile row r.
 void pack_row(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc) {
   const size_t g = r / 16, rr = r % 16;
