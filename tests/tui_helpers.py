@@ -1,6 +1,7 @@
 """Shared Pilot helpers for the TUI tests."""
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import asynccontextmanager
 
@@ -70,3 +71,22 @@ async def reply(pilot, text):
     """Send a prompt and wait until its reply has finished."""
     await send(pilot, text)
     await wait_for(pilot, lambda: not pilot.app.screen.generating)
+
+
+async def command(pilot, text):
+    """Type `text` into the prompt, press Enter and let the app handle it (a slash
+    command, say)."""
+    pilot.app.screen.prompt.load_text(text)
+    await pilot.press("enter")
+    await settle(pilot)
+
+
+def run_after_reply(tmp_path, backend, prompt, check, **kw):
+    """Run the chat app on `backend`, send `prompt`, wait for its reply, then
+    `await check(app, pilot, screen)`; returns what check returns, once the app is closed."""
+    async def main():
+        async with chat_app(tmp_path, backend, **kw) as (app, pilot, scr):
+            await reply(pilot, prompt)
+            return await check(app, pilot, scr)
+
+    return asyncio.run(main())
