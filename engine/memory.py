@@ -1,4 +1,4 @@
-"""Giving a replaced model's memory back to the system."""
+"""Memory in use: giving a replaced model's memory back to the system, and what the GPUs hold."""
 from __future__ import annotations
 
 import ctypes
@@ -16,3 +16,17 @@ def release_freed() -> None:
             ctypes.CDLL(None).malloc_trim(0)  # glibc; other C libraries have no malloc_trim
         except (OSError, AttributeError):
             pass
+
+
+def vram_in_use() -> int | None:
+    """Bytes in use on the GPUs torch can see; None where there is none (CUDA is not
+    initialised when it is absent)."""
+    try:
+        import torch  # deferred: loads torch
+
+        if not torch.cuda.is_available():
+            return None
+        return sum(torch.cuda.mem_get_info(i)[1] - torch.cuda.mem_get_info(i)[0]
+                   for i in range(torch.cuda.device_count()))
+    except Exception:  # a driver that answers with an error shows no VRAM rather than failing the status bar
+        return None

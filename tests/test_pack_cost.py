@@ -8,7 +8,7 @@ import json
 import pytest
 from rapidmoe.app.cli import main
 from rapidmoe.app.tui.screens.chat_loading import ConversionClock
-from rapidmoe.app.tui.screens.model_picker import available_models, recommended_models
+from rapidmoe.app.catalog import available_models, recommended_models
 from rapidmoe.engine.hub.demo import demo_cache_path
 from rapidmoe.engine.pack import cost as pack_cost
 from rapidmoe.engine.pack.convert import convert

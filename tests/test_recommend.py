@@ -38,7 +38,7 @@ def test_expert_bytes_are_the_packs():
 
 
 def test_picker_lists_them_with_fit():
-    from rapidmoe.app.tui.screens.model_picker import recommended_models
+    from rapidmoe.app.catalog import recommended_models
 
     rows = dict(recommended_models(machine([], 16)))
     assert "fits (CPU-centric)" in rows["unsloth/OLMoE-1B-7B-0924-Instruct-GGUF:Q4_K_M"]

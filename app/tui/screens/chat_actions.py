@@ -5,9 +5,9 @@ with what their answers do."""
 from __future__ import annotations
 
 from ....engine.errors import UserError
+from ...catalog import available_models
 from ..commands import parse_set, parse_slash, static_choices
 from .chats import ChatsScreen
-from .model_picker import available_models
 
 
 def arg_choices(app, command: str) -> list[str]:

@@ -10,7 +10,8 @@ import psutil
 from rich.text import Text
 from textual.widgets import Static
 
-from ....engine.units import fmt_bytes  # noqa: F401  (the one size format; model_picker imports it from here)
+from ....engine.memory import vram_in_use
+from ....engine.units import fmt_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -29,17 +30,8 @@ def sparkline(values, top: int | None = None, width: int = 24) -> str:
 
 
 def _vram() -> str | None:
-    """VRAM in use on the GPUs torch can see, without initialising CUDA if it is absent."""
-    try:
-        import torch  # deferred: loads torch
-
-        if not torch.cuda.is_available():
-            return None
-        used = sum(torch.cuda.mem_get_info(i)[1] - torch.cuda.mem_get_info(i)[0]
-                   for i in range(torch.cuda.device_count()))
-        return fmt_bytes(used)
-    except Exception:
-        return None
+    used = vram_in_use()
+    return None if used is None else fmt_bytes(used)
 
 
 # from the widest layout to the narrowest; the first that fits is drawn
