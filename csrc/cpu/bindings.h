@@ -31,7 +31,7 @@ struct MoeArgs {
 
 void def_resplit(py::module_& m);  // bindings_resplit.cpp: the WQ/WR/D4 formats, the MoE layer
 void def_attn(py::module_& m);     // bindings_decode.cpp: decode attention, the fused block halves
-void def_chain(py::module_& m);    // bindings_decode.cpp: DecodeChain
+void def_chain(py::module_& m);    // bindings_chain.cpp: DecodeChain
 
 }  // namespace bind
 }  // namespace rmoe
