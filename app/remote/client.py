@@ -182,6 +182,8 @@ def _chunk(line: str):
     data = line[5:].strip()
     if data == "[DONE]":
         return _DONE
+    # (the JSON-object-or-None of store_sql.parse_stats, kept apart on purpose: the remote client
+    # does not depend on the history store for five lines)
     try:
         chunk = json.loads(data)
     except ValueError:

@@ -117,6 +117,7 @@ void quantize_q8_avx2(int layout, const float* x, size_t k, size_t T, uint8_t* d
       });
 }
 
+// The type switch of ggml_q8_avx512.cpp's gemv, on purpose: each width names its own kernels.
 bool gemv_q8_avx2(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq,
                   size_t nt, float* y, size_t ldy) {
   const int layout = q8_layout_avx2(type);

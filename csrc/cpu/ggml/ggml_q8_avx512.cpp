@@ -97,6 +97,7 @@ struct KQ45 {
 // T=1: 8 rows at once.
 constexpr int R1 = 8;
 
+// The type switch of gemv_q8_avx2, on purpose: each width names its own kernels.
 template <bool VNNI>
 bool gemv(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq, size_t nt,
           float* y, size_t ldy) {

@@ -69,6 +69,7 @@ void dequant_row_wr_avx2(const uint8_t* q, size_t nb, float* out) {
   if (nb - b0 == 1) wr_group_floats<1>(q, D, out + 64 * b0);
 }
 
+// D4's header read as in dequant_row_d4_avx512, on purpose; the blocks are the width's own.
 void dequant_row_d4_avx2(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
   const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));

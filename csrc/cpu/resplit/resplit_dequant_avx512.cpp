@@ -40,6 +40,7 @@ void dequant_row_wq_avx512(const uint8_t* q, size_t nb, float* out) {
   if (b < nb) dequant_row_wq_avx2(q, nb - b, out);
 }
 
+// D4's header read as in dequant_row_d4_avx2, on purpose; the blocks are the width's own.
 void dequant_row_d4_avx512(const uint8_t* q, size_t nb, float* out) {
   const float D = f16_to_f32((uint16_t)(q[0] | (q[1] << 8)));
   const float M = f16_to_f32((uint16_t)(q[2] | (q[3] << 8)));
