@@ -92,6 +92,7 @@ def check_all(seed=0):
     rng = np.random.default_rng(seed)
     _check_expert_matmul(rng)
     _check_moe_forward(rng)
+    _check_nan(rng)
 
 
 def _check_expert_matmul(rng):
@@ -179,6 +180,39 @@ def _check_moe_forward(rng):
     for r in range(k + 1):
         ncrit = np.array([r], np.int32)
         close(kernels.resplit_moe_forward(x, ids, wts, ncrit, **L), moe_reference(L, x, ids, wts, ncrit, H, F))
+
+
+def _check_nan(rng):
+    """A NaN activation makes its own row's outputs NaN (its block's scale is NaN, as on the
+    GPU and in the GGUF int8 GEMV) and leaves every other row as it was: never a finite
+    number made up from it."""
+    E, H, F, k = 4, 96, 64, 2
+    L = make_layer(rng, E, H, F)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    bad = x.copy()
+    bad[1, 37] = np.nan
+    ids = np.array([2, 0, 2], np.int32)
+    for fmt, w, z in (("wq", L["gate_q"], False), ("wq", L["gate_q"], True), ("wr", L["gate_r"], False),
+                      ("d4", L["down4"], False)):
+        xx, bb = (x, bad) if fmt != "d4" else (x[:, :F], bad[:, :F])
+        n = H if fmt != "d4" else F
+        clean = kernels.resplit_expert_matmul(fmt, w, n, ids, xx, z=z)
+        y = kernels.resplit_expert_matmul(fmt, w, n, ids, bb, z=z)
+        assert np.isnan(y[1]).all(), (fmt, z)
+        np.testing.assert_array_equal(y[[0, 2]], clean[[0, 2]])
+    for T in (1, 13):  # decode, and a prefill whose groups reach the int8 GEMM where it runs
+        x = rng.standard_normal((T, H)).astype(np.float32)
+        ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+        ids[:, 0] = 1  # one expert for all: a group of T tokens
+        wts = rng.random((T, k)).astype(np.float32)
+        ncrit = rng.integers(0, k + 1, T).astype(np.int32)
+        clean = kernels.resplit_moe_forward(x, ids, wts, ncrit, **L)
+        bad = x.copy()
+        bad[T // 2, 5] = np.nan
+        out = kernels.resplit_moe_forward(bad, ids, wts, ncrit, **L)
+        assert np.isnan(out[T // 2]).all(), T
+        keep = np.arange(T) != T // 2
+        np.testing.assert_array_equal(out[keep], clean[keep])
 
 
 def test_kernels_active_path():

@@ -27,6 +27,10 @@ namespace rmoe_cuda {
 RMOE_HD u32 ld_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
 RMOE_HD u32 ld_u32(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
+// max that keeps a NaN (fmaxf drops one): an activation block's maximum, so that a NaN
+// activation makes its block's scale NaN on the GPU as on the CPU (q8_block_*).
+RMOE_HD float max_keep_nan(float a, float b) { return a != a || b != b ? a + b : fmaxf(a, b); }
+
 // float <-> bits, each way on the device by its intrinsic, on the host by a union (the
 // two are the same shape on purpose).
 RMOE_HD float bits_to_float(u32 b) {
@@ -129,9 +133,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-__device__ __forceinline__ float warp_max(float v) {
+__device__ __forceinline__ float warp_max(float v) {  // NaN kept
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = max_keep_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

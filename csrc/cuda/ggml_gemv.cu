@@ -32,16 +32,17 @@ extern "C" __global__ void __launch_bounds__(256) ggml_quant_x(const float* __re
 #endif
     v = __ldg(reinterpret_cast<const float4*>(x + at));
   }
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  // NaN kept (a NaN activation makes its block's dx NaN, as on the CPU)
+  float amax = max_keep_nan(max_keep_nan(fabsf(v.x), fabsf(v.y)), max_keep_nan(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = 1; o < 8; o <<= 1) amax = max_keep_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   const float e[4] = {v.x, v.y, v.z, v.w};
   u32 word = 0;
   int s = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    int q = (int)rintf(e[j] * inv);
+    int q = inv > 0.0f ? (int)rintf(e[j] * inv) : 0;
     q = q > 127 ? 127 : (q < -127 ? -127 : q);
     s += q;
     word |= ((u32)q & 0xffu) << (8 * j);

@@ -15,9 +15,9 @@ extern "C" __global__ void __launch_bounds__(256) wq_prep(const float* __restric
   if (b >= nb) return;  // uniform per warp
   const int col = b * 32 + lane;
   const float v = col < n ? x[(i64)row * ldx + col] : 0.0f;
-  const float amax = warp_max(fabsf(v));
+  const float amax = warp_max(fabsf(v));  // NaN if any v is: the block's scale, and all it multiplies, too
   const float inv = amax > 0.0f ? WQ_QMAX / amax : 0.0f;
-  int q = (int)rintf(v * inv);
+  int q = inv > 0.0f ? (int)rintf(v * inv) : 0;
   q = q > 8191 ? 8191 : (q < -8191 ? -8191 : q);
   int S = q;
 #pragma unroll

@@ -89,11 +89,11 @@ RMOE_HD float wq_weight(const u8* blk, int e, float dq) {
 // Host-side prep of one block (the device does the same per warp): x [32] -> z [16], sf = (s, sum q).
 RMOE_HD void wq_prep_block_ref(const float* x, u32* z, float* sf) {
   float amax = 0.0f;
-  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  for (int i = 0; i < 32; ++i) amax = max_keep_nan(amax, fabsf(x[i]));
   const float inv = amax > 0.0f ? WQ_QMAX / amax : 0.0f;
   int q[32], S = 0;
   for (int i = 0; i < 32; ++i) {
-    q[i] = (int)rintf(x[i] * inv);
+    q[i] = inv > 0.0f ? (int)rintf(x[i] * inv) : 0;
     q[i] = q[i] > 8191 ? 8191 : (q[i] < -8191 ? -8191 : q[i]);
     S += q[i];
   }

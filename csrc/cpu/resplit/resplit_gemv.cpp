@@ -22,12 +22,17 @@ inline float rne(float x) { return (x + 12582912.0f) - 12582912.0f; }
 }  // namespace
 
 // Per 32 values: sx = max|x|/L, xq = rint(x * L/max|x|) (0 if all zero); returns sum(xq).
+// A NaN among them makes sx NaN, so every product with the block is NaN (as on the GPU).
 int q8_block_scalar(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   float xb[32] = {0};
   for (size_t j = 0; j < 32 && j < n; ++j) xb[j] = x[j];
   float amax = 0.f;
-  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-  *sx = amax / levels;
+  bool nan = false;
+  for (int j = 0; j < 32; ++j) {
+    amax = std::max(amax, std::fabs(xb[j]));
+    nan |= std::isnan(xb[j]);
+  }
+  *sx = nan ? NAN : amax / levels;
   const float inv = amax > 0.f ? levels / amax : 0.f;
   int sum = 0;
   for (int j = 0; j < 32; ++j) {

@@ -12,6 +12,7 @@
 #include "resplit/resplit_wq_states.h"
 #include "common/simd.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -213,7 +214,8 @@ int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels
   const __mmask16 mb = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
   const __m512 a = _mm512_maskz_loadu_ps(ma, x), b = _mm512_maskz_loadu_ps(mb, x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  *sx = amax / levels;
+  const bool nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+  *sx = nan ? NAN : amax / levels;  // a NaN among them makes sx NaN, as q8_block_scalar
   const __m512 inv = _mm512_set1_ps(amax > 0.f ? levels / amax : 0.f);
   const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
