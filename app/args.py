@@ -197,6 +197,12 @@ def remote_endpoint(args):
     return ep
 
 
+def error_line(e: UserError) -> str:
+    """An engine error as the command line says it: the setting that would fix it named by its flag."""
+    flag = FLAG_OF.get(e.setting) if e.setting else None
+    return f"{e} ({flag})" if flag else str(e)
+
+
 def flag_note(msg: str) -> str:
     """An engine note as the command line says it: a setting the engine changed is named by its flag."""
     if isinstance(msg, SettingNote) and msg.field in FLAG_OF:

@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ..engine.errors import UserError
 from . import cmd_chat
+from .args import error_line
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
         return int(cmd_chat.run(args) or 0)
     except UserError as e:
-        print(f"rapidmoe-chat: error: {e}", file=sys.stderr)
+        print(f"rapidmoe-chat: error: {error_line(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -3,9 +3,15 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """Bad input or an impossible request: shown as one line, exit status 2."""
+    """Bad input or an impossible request: shown as one line, exit status 2. setting:
+    the load_model argument that would fix it ("n_ctx"), which the app may
+    name as its user sets it (a flag)."""
 
     exit_code = 2
+
+    def __init__(self, *args, setting: str | None = None):
+        super().__init__(*args)
+        self.setting = setting
 
 
 class SettingError(UserError):

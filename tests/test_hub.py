@@ -299,6 +299,7 @@ def test_offline_empty_cache_one_line(hub, capsys):
     assert main(["pull", REPO, "--offline"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rapidmoe-chat: error: org/Tiny-MoE-GGUF is not in")
+    assert "--offline" not in msg and "offline mode is on" in msg
     assert hub.seen == []  # offline means no request at all
 
 

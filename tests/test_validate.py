@@ -15,6 +15,7 @@ import torch
 
 from fuzz_corpus import ARR, I32, STR, U32, U64, KV, encode, synth_doc
 from fuzz_run import run_cli
+from rapidmoe.app.args import error_line
 from rapidmoe.engine.errors import ModelFileError, UserError
 from rapidmoe.engine.gguf.reader import GGUFFile
 from rapidmoe.engine.loader import load_model
@@ -230,7 +231,10 @@ def test_plan_of_2_30_experts_is_one_line_and_small(tmp_path, docs):
 def test_full_precision_goes_through_the_memory_check(tmp_path, docs):
     """--precision full used to allocate the KV cache of any context until killed."""
     path = write(tmp_path, set_kv(docs["qwen3moe"], "qwen3moe.context_length", U32, 1 << 24))
-    with pytest.raises(UserError, match="full precision at a context of 16777216 tokens needs"):
+    with pytest.raises(UserError, match="full precision at a context of 16777216 tokens needs") as e:
         load_model(path, n_ctx=1 << 24, critical=None, placement=PlanRequest(dram_budget=1 << 30))
+    # the engine says it in its own terms; the command line names the flag
+    assert "use a smaller context" in str(e.value) and "--" not in str(e.value)
+    assert error_line(e.value).endswith("use a smaller context (--ctx)")
     # within the budget the same file loads
     assert load_model(path, n_ctx=32, critical=None, placement=PlanRequest(dram_budget=1 << 30)).n_ctx == 32

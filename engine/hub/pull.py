@@ -105,7 +105,7 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
         return _local_ref(spec)
     repo, quant = parse_spec(spec)
     if offline or hc.env_offline():
-        return _cached_ref(repo, quant, "offline mode is on (--offline / HF_HUB_OFFLINE)")
+        return _cached_ref(repo, quant, "offline mode is on")
     try:
         info = hub_http.model_info(hc.hub_endpoint(), repo)
     except _NET_ERRORS as e:

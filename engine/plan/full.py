@@ -52,4 +52,4 @@ def check_full_precision(g: GGUFFile, cfg: ModelConfig, ctx: int, kv_type: str, 
     if need > cap:
         what = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items())
         raise UserError(f"{g.path}: full precision at a context of {ctx} tokens needs {fmt_bytes(need)} of DRAM "
-                        f"({what}), {fmt_bytes(cap)} is available; use a smaller --ctx")
+                        f"({what}), {fmt_bytes(cap)} is available; use a smaller context", setting="n_ctx")
