@@ -372,12 +372,12 @@ def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, 
     for what, fn in tries:
         q = fn()
         if q is not None:
-            text = f"{what}: mode {q.mode}, --ctx {q.ctx}, " + (
+            text = f"{what}: mode {q.mode}, context {q.ctx}, " + (
                 f"DRAM {fmt_bytes(q.dram_bytes)}" if q.mode == "cpu" else
                 f"W_Q cache {q.wq_cache_fraction:.0%} (VRAM {fmt_bytes(q.vram_bytes)}, DRAM {fmt_bytes(q.dram_bytes)})")
             return replace(p, suggestion=text, suggested={"mode": q.mode, "ctx": q.ctx,
                                                           "wq_cache_fraction": round(q.wq_cache_fraction, 6),
                                                           "vram_bytes": q.vram_bytes, "dram_bytes": q.dram_bytes})
     small = plan(s, hw, min(MIN_CTX, ctx), mode="cpu", **{**kw, "gpus": gpus})
-    return replace(p, suggestion=f"nothing fits: even the CPU mode at --ctx {small.ctx} needs "
+    return replace(p, suggestion=f"nothing fits: even the CPU mode at a context of {small.ctx} needs "
                                  f"{fmt_bytes(small.dram_bytes)} of DRAM (budget {fmt_bytes(small.dram_budget)})")
