@@ -110,28 +110,30 @@ def test_ggml_quant_x_emulated(emulated_gpu):
 
 
 def test_a_nan_activation_makes_its_row_nan_as_on_the_cpu(emulated_gpu):
-    """W_Q prep and the GGUF int8 activations keep a NaN: its block's scale is NaN, so the
-    row's outputs are NaN (the CPU kernels' behaviour), never finite values made from it;
-    the other rows are unchanged."""
+    """W_Q prep and the GGUF int8 activations keep a NaN or an infinity: its block's scale
+    is NaN, so the row's outputs are NaN (the CPU kernels' behaviour), never finite values
+    made from it; the other rows are unchanged."""
     gk = emulated_gpu
     rng = np.random.default_rng(11)
     E, F, H = 2, 16, 96
     wg, wu, wd = (torch.from_numpy(_rand_wq(rng, E, F, H)) for _ in range(3))
-    x = torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((4, H)).astype(np.float32))
     bad = x.clone()
     bad[1, 40] = float("nan")
-    eid, rows = torch.tensor([1, 0, 1], dtype=torch.int32), torch.arange(3, dtype=torch.int32)
+    bad[3, 3] = float("inf")
+    eid, rows = torch.tensor([1, 0, 1, 0], dtype=torch.int32), torch.arange(4, dtype=torch.int32)
     clean, y = (gk.wq_gemv(wd, eid, rows, gk.wq_prep(a)) for a in (x, bad))
-    assert torch.isnan(gk.wq_prep(bad)[1][1, 1, 0]) and torch.isnan(y[1]).all()
+    sf = gk.wq_prep(bad)[1]
+    assert torch.isnan(sf[1, 1, 0]) and torch.isnan(sf[3, 0, 0]) and torch.isnan(y[[1, 3]]).all()
     assert torch.equal(y[[0, 2]], clean[[0, 2]])
     g, u = gk.wq_gate_up(wg, wu, eid, rows, gk.wq_prep(bad), swiglu=False)
-    assert torch.isnan(g[1]).all() and torch.isnan(u[1]).all() and torch.isfinite(g[[0, 2]]).all()
+    assert torch.isnan(g[[1, 3]]).all() and torch.isnan(u[[1, 3]]).all() and torch.isfinite(g[[0, 2]]).all()
     qtype, n = 8, 96  # Q8_0
     raw = torch.from_numpy(_rand_ggml(rng, qtype, 5, n // 32))
     XQ, XS = gk.ggml_quant_x(bad)
-    assert torch.isnan(XS[1, 2:4]).all() and torch.isfinite(XS[[0, 2]]).all()
+    assert torch.isnan(XS[1, 2:4]).all() and torch.isnan(XS[3, 0:2]).all() and torch.isfinite(XS[[0, 2]]).all()
     clean, y = (gk.ggml_gemv(raw, qtype, n, a) for a in (x, bad))
-    assert torch.isnan(y[1]).all() and torch.equal(y[[0, 2]], clean[[0, 2]])
+    assert torch.isnan(y[[1, 3]]).all() and torch.equal(y[[0, 2]], clean[[0, 2]])
 
 
 # (R, K-quant blocks per row, T, threads per row): one block per row; rows not a

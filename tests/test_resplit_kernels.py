@@ -183,22 +183,23 @@ def _check_moe_forward(rng):
 
 
 def _check_nan(rng):
-    """A NaN activation makes its own row's outputs NaN (its block's scale is NaN, as on the
-    GPU and in the GGUF int8 GEMV) and leaves every other row as it was: never a finite
-    number made up from it."""
+    """A NaN activation makes its own row's outputs NaN, an infinite one NaN or infinite
+    (the int8 paths make the block's scale NaN, as the GPU and the GGUF int8 GEMV do), and
+    every other row stays as it was: never a finite number made up from either."""
     E, H, F, k = 4, 96, 64, 2
     L = make_layer(rng, E, H, F)
-    x = rng.standard_normal((3, H)).astype(np.float32)
+    x = rng.standard_normal((4, H)).astype(np.float32)
     bad = x.copy()
     bad[1, 37] = np.nan
-    ids = np.array([2, 0, 2], np.int32)
+    bad[3, 2] = -np.inf
+    ids = np.array([2, 0, 2, 1], np.int32)
     for fmt, w, z in (("wq", L["gate_q"], False), ("wq", L["gate_q"], True), ("wr", L["gate_r"], False),
                       ("d4", L["down4"], False)):
         xx, bb = (x, bad) if fmt != "d4" else (x[:, :F], bad[:, :F])
         n = H if fmt != "d4" else F
         clean = kernels.resplit_expert_matmul(fmt, w, n, ids, xx, z=z)
         y = kernels.resplit_expert_matmul(fmt, w, n, ids, bb, z=z)
-        assert np.isnan(y[1]).all(), (fmt, z)
+        assert np.isnan(y[1]).all() and not np.isfinite(y[3]).any(), (fmt, z)  # f32 paths: inf * w is inf
         np.testing.assert_array_equal(y[[0, 2]], clean[[0, 2]])
     for T in (1, 13):  # decode, and a prefill whose groups reach the int8 GEMM where it runs
         x = rng.standard_normal((T, H)).astype(np.float32)

@@ -15,7 +15,6 @@ KernelTable scalar_path() {
   t.f16_to_f32_row = f16_to_f32_row_scalar;
   t.ggml = {dequant_blocks_scalar, nullptr, gemm_tile_scalar, q8_layout_scalar, gemv_q8_scalar, quantize_q8_scalar};
   t.resplit = {false,
-               false,
                q8_block_scalar,
                {dequant_row_wq_scalar, dequant_row_wr_scalar, dequant_row_d4_scalar},
                {row_dot_wq_scalar, row_dot_wr_scalar, row_dot_d4_scalar},
@@ -38,7 +37,6 @@ KernelTable avx2_path(const CpuFeatures& f) {
   t.f16_to_f32_row = f16_to_f32_row_avx2;
   t.ggml = {dequant_blocks_avx2, gemv_fused_avx2, gemm_tile_avx2, q8_layout_avx2, gemv_q8_avx2, quantize_q8_avx2};
   t.resplit.int8_acts = true;
-  t.resplit.vbmi = false;
   t.resplit.q8_block = q8_block_avx2;
   t.resplit.dequant_row[0] = dequant_row_wq_avx2;
   t.resplit.dequant_row[1] = dequant_row_wr_avx2;
@@ -69,7 +67,6 @@ KernelTable avx512_path(const CpuFeatures& f) {
   t.ggml = {dequant_blocks_avx512, gemv_fused_avx512,  gemm_tile_avx512, q8_layout_avx512,
             vnni ? gemv_q8_avx512vnni : gemv_q8_avx512, quantize_q8_avx512};
   t.resplit.int8_acts = true;
-  t.resplit.vbmi = vbmi;
   t.resplit.q8_block = q8_block_avx512;
   t.resplit.dequant_row[0] = dequant_row_wq_avx512;
   t.resplit.dequant_row[1] = vbmi ? dequant_row_wr_vbmi : dequant_row_wr_avx2;
@@ -77,10 +74,10 @@ KernelTable avx512_path(const CpuFeatures& f) {
   t.resplit.row_dot[0] = vnni ? row_dot_wq_avx512vnni : row_dot_wq_avx512;
   t.resplit.row_dot[1] = vbmi ? row_dot_wr_vbmi : row_dot_wr_avx2;
   t.resplit.row_dot[2] = vbmi ? row_dot_d4_vbmi : vnni ? row_dot_d4_avx512vnni : row_dot_d4_avx512;
-  t.resplit.rows_dot[0] = vnni ? rows_dot_wq_avx512 : nullptr;
+  t.resplit.rows_dot[0] = vnni ? rows_dot_wq_avx512vnni : nullptr;
   t.resplit.rows_dot[1] = vbmi ? rows_dot_wr_vbmi : rows_dot_wr_avx2;
   t.resplit.rows_dot[2] = vbmi ? rows_dot_d4_vbmi : nullptr;
-  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avx512 : nullptr;
+  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avx512vnni : nullptr;
   t.resplit.silu_mul = silu_mul_avx512;
   t.resplit.i8 = vnni ? i8_isa_avx512() : i8_isa_avx2();
   t.quant = {block_best_avx2, half_encode_avx2, wq_alone_scales_avx2, d4_fit_avx2, d4_fit8_avx2};

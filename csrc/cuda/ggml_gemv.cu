@@ -32,11 +32,12 @@ extern "C" __global__ void __launch_bounds__(256) ggml_quant_x(const float* __re
 #endif
     v = __ldg(reinterpret_cast<const float4*>(x + at));
   }
-  // NaN kept (a NaN activation makes its block's dx NaN, as on the CPU)
+  // NaN kept (a NaN or an infinity makes its block's dx NaN, as on the CPU)
   float amax = max_keep_nan(max_keep_nan(fabsf(v.x), fabsf(v.y)), max_keep_nan(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = max_keep_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const bool bad = !(amax <= 3.402823466e38f);  // a NaN or an infinity: q = 0, dx NaN
+  const float inv = !bad && amax > 0.0f ? 127.0f / amax : 0.0f;
   const float e[4] = {v.x, v.y, v.z, v.w};
   u32 word = 0;
   int s = 0;
@@ -53,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) ggml_quant_x(const float* __re
     XQ[at >> 2] = word;
     if ((threadIdx.x & 3) == 0) {
       float2 f;
-      f.x = amax / 127.0f;
+      f.x = bad ? amax - amax : amax / 127.0f;
       f.y = f.x * (float)s;
       XS[at >> 4] = f;
     }

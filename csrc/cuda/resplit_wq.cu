@@ -15,8 +15,10 @@ extern "C" __global__ void __launch_bounds__(256) wq_prep(const float* __restric
   if (b >= nb) return;  // uniform per warp
   const int col = b * 32 + lane;
   const float v = col < n ? x[(i64)row * ldx + col] : 0.0f;
-  const float amax = warp_max(fabsf(v));  // NaN if any v is: the block's scale, and all it multiplies, too
-  const float inv = amax > 0.0f ? WQ_QMAX / amax : 0.0f;
+  // NaN or inf if any v is: then q = 0 and the block's scale NaN, so all it multiplies is NaN (as on the CPU)
+  const float amax = warp_max(fabsf(v));
+  const bool bad = !(amax <= 3.402823466e38f);
+  const float inv = !bad && amax > 0.0f ? WQ_QMAX / amax : 0.0f;
   int q = inv > 0.0f ? (int)rintf(v * inv) : 0;
   q = q > 8191 ? 8191 : (q < -8191 ? -8191 : q);
   int S = q;
@@ -36,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256) wq_prep(const float* __restric
   }
   if (lane == 0) {
     float2 f;
-    f.x = amax / WQ_QMAX;
+    f.x = bad ? amax - amax : amax / WQ_QMAX;  // NaN for inf and NaN alike
     f.y = (float)S;
     SF[(i64)row * nb + b] = f;
   }

@@ -90,7 +90,8 @@ RMOE_HD float wq_weight(const u8* blk, int e, float dq) {
 RMOE_HD void wq_prep_block_ref(const float* x, u32* z, float* sf) {
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) amax = max_keep_nan(amax, fabsf(x[i]));
-  const float inv = amax > 0.0f ? WQ_QMAX / amax : 0.0f;
+  const bool bad = !(amax <= 3.402823466e38f);
+  const float inv = !bad && amax > 0.0f ? WQ_QMAX / amax : 0.0f;
   int q[32], S = 0;
   for (int i = 0; i < 32; ++i) {
     q[i] = inv > 0.0f ? (int)rintf(x[i] * inv) : 0;
@@ -103,7 +104,7 @@ RMOE_HD void wq_prep_block_ref(const float* x, u32* z, float* sf) {
     const int lo = q[a0] - (b0 >= 0 ? 3 * q[b0] : 0), hi = q[a1] - (b1 >= 0 ? 3 * q[b1] : 0);
     z[w] = wq_pack_word(lo, hi);
   }
-  sf[0] = amax / WQ_QMAX;
+  sf[0] = bad ? amax - amax : amax / WQ_QMAX;
   sf[1] = (float)S;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "attn/attn_rows.h"
 #include "common/convert.h"
 #include "common/threadpool.h"
 #include "kernel_table.h"
@@ -79,20 +80,15 @@ void prefetch_rows(const KvRows& c, size_t g, size_t j0, size_t j1) {
 
 // The portable pieces of attn_cached (the ISA ones are in attn_avx2.cpp, attn_avx512.cpp).
 void kv_rows_f32_scalar(const KvRows& c, size_t g, size_t j0, size_t n, float* tile) {
-  const size_t d = c.dim;
-  for (size_t t = 0; t < n; ++t, tile += d) {
-    const uint8_t* r = row_at(c, j0 + t, g);
-    if (c.type == KvType::F32) {
-      std::memcpy(tile, r, d * sizeof(float));
-    } else if (c.type == KvType::F16) {
-      for (size_t i = 0; i < d; ++i) tile[i] = f16_to_f32((uint16_t)(r[2 * i] | r[2 * i + 1] << 8));
-    } else {
-      for (size_t b = 0; b < d / 32; ++b, r += 34) {
+  rows_to_tile(
+      c, g, j0, n, tile,
+      [](const uint8_t* r, size_t d, float* out) {
+        for (size_t i = 0; i < d; ++i) out[i] = f16_to_f32((uint16_t)(r[2 * i] | r[2 * i + 1] << 8));
+      },
+      [](const uint8_t* r, float* out) {
         const float s = f16_to_f32((uint16_t)(r[0] | r[1] << 8));
-        for (size_t i = 0; i < 32; ++i) tile[32 * b + i] = s * (float)(int8_t)r[2 + i];
-      }
-    }
-  }
+        for (size_t i = 0; i < 32; ++i) out[i] = s * (float)(int8_t)r[2 + i];
+      });
 }
 
 void kv_scores_scalar(const float* q, size_t nq, size_t qstride, const float* tile, size_t n, size_t dim, float scale,

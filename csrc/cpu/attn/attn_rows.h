@@ -1,7 +1,7 @@
-// Pieces shared by attn_avx2.cpp and attn_avx512.cpp that do not depend on the vector
-// width. Internal linkage on purpose (as simd.h): each ISA file compiles its own copy,
-// and every template here is instantiated with that file's own (anonymous) types.
-// Include only from those files.
+// Pieces of the attention kernels that do not depend on the vector width, shared by
+// attn.cpp (the portable path), attn_avx2.cpp and attn_avx512.cpp. Internal linkage on
+// purpose (as simd.h): each file compiles its own copy with its own flags, and every
+// template here is instantiated with that file's own (anonymous) types.
 #pragma once
 #include <cstddef>
 #include <cstdint>

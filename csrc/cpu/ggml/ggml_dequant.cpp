@@ -1,4 +1,5 @@
-// Dequantization of GGUF's own types: scalar reference + run-time ISA dispatch.
+// Dequantization of GGUF's own types: the scalar reference, and the kernel table's
+// path for callers (the ISA files: ggml_dequant_avx2.cpp, ggml_dequant_avx512.cpp).
 #include <algorithm>
 
 #include "ggml/ggml_blocks.h"

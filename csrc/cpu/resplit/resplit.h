@@ -87,7 +87,7 @@ RowDotFn row_dot_fn(Fmt fmt);  // the kernel table's
 // such a kernel it shares activation loads across rows; nullptr where it has none.
 using RowsDotFn = void (*)(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
 RowsDotFn rows_dot_fn(Fmt fmt);  // the kernel table's
-void rows_dot_wq_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
+void rows_dot_wq_avx512vnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 void rows_dot_wq_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
 void rows_dot_wq_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // no AVX-VNNI
 void rows_dot_wr_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // + AVX-512 w/o VBMI
@@ -103,11 +103,11 @@ void rows_dot_d4_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, cons
 bool wq_z_acts();
 size_t prep_floats_wq_z(size_t n);
 void prep_wq_z(const float* x /*[n]*/, size_t n, float* out /*[prep_floats_wq_z]*/);
-void rows_dot_wq_z_avx512(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
+void rows_dot_wq_z_avx512vnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 void rows_dot_wq_z_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
+bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 // Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR by byte-table lookups,
 // and D4 with its blocks gathered by byte permutes.
-bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 void row_dot_d4_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void row_dot_wr_vbmi(const uint8_t* row, size_t nb, const float* xp, size_t xs, size_t T, float* y, size_t ys);
 void rows_dot_wr_vbmi(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);
@@ -187,6 +187,12 @@ const I8Isa* i8_isa_avx2();
 // 32 activations (n < 32: zero padded) -> int8 per the rule above; returns sum(q).
 // levels: 127 (int8); 31 for z activations.
 int q8_block_scalar(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);
+// A block with a NaN or an infinity: q = 0, sx = NaN (every product with it is NaN); returns 0.
+static inline int q8_bad_block(int8_t* q, float* sx) {  // static: see convert.h on linkage
+  for (int j = 0; j < 32; ++j) q[j] = 0;
+  *sx = __builtin_nanf("");
+  return 0;
+}
 int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);
 int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels = 127.f);
 
@@ -241,7 +247,6 @@ void row_dot_d4_avxvnni(const uint8_t* row, size_t nb, const float* xp, size_t x
 // One ISA's set of the pieces above (kernel_table.cpp picks it once); indexed by Fmt.
 struct Kernels {
   bool int8_acts;  // WQ, WR and D4 run on int8 activations (the SIMD paths)
-  bool vbmi;       // the resplit_vbmi.cpp kernels are among the ones below
   int (*q8_block)(const float* x, size_t n, int8_t* q, float* sx, float levels);
   DequantRowFn dequant_row[3];
   RowDotFn row_dot[3];

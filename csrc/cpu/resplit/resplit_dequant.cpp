@@ -1,4 +1,4 @@
-// Resplit row decoders: the scalar references, their ISA dispatch and the
+// Resplit row decoders: the scalar references, the kernel table's decoder and the
 // multithreaded dequantizer (also the reference the fused kernels are tested by).
 #include <cstring>
 #include <vector>
@@ -84,7 +84,7 @@ void dequant_row_d4_scalar(const uint8_t* q, size_t nb, float* out) {
   }
 }
 
-// ---------------------------------------------------------------- dispatch
+// ---------------------------------------------------------------- the path in use
 namespace {
 size_t block_of(Fmt f) { return f == Fmt::WR ? 64 : 32; }
 }  // namespace

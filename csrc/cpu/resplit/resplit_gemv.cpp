@@ -1,8 +1,10 @@
-// Resplit kernels: activation preparation, the scalar fused references, ISA
-// dispatch and the batched expert GEMV/GEMM (the MoE layer: resplit_moe.cpp).
+// Resplit kernels: activation preparation, the scalar fused references, the kernel
+// table's kernels for callers and the batched expert GEMV/GEMM (the MoE layer:
+// resplit_moe.cpp).
 // Each row is decoded once per tile of up to 4 tokens routed to its expert, so
 // prefill reuses the decode across tokens and decode reads each weight once.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -22,17 +24,19 @@ inline float rne(float x) { return (x + 12582912.0f) - 12582912.0f; }
 }  // namespace
 
 // Per 32 values: sx = max|x|/L, xq = rint(x * L/max|x|) (0 if all zero); returns sum(xq).
-// A NaN among them makes sx NaN, so every product with the block is NaN (as on the GPU).
+// A NaN or an infinity among them makes sx NaN and xq 0, so every product with the block
+// is NaN, on every path and on the GPU (as the GGUF int8 activations' bad groups).
 int q8_block_scalar(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   float xb[32] = {0};
   for (size_t j = 0; j < 32 && j < n; ++j) xb[j] = x[j];
   float amax = 0.f;
-  bool nan = false;
+  bool bad = false;
   for (int j = 0; j < 32; ++j) {
     amax = std::max(amax, std::fabs(xb[j]));
-    nan |= std::isnan(xb[j]);
+    bad |= !(std::fabs(xb[j]) <= FLT_MAX);
   }
-  *sx = nan ? NAN : amax / levels;
+  if (bad) return q8_bad_block(q, sx);
+  *sx = amax / levels;
   const float inv = amax > 0.f ? levels / amax : 0.f;
   int sum = 0;
   for (int j = 0; j < 32; ++j) {

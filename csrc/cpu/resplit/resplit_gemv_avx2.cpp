@@ -9,6 +9,7 @@
 
 #include "resplit/resplit_tiles_avx2.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -17,15 +18,16 @@ namespace resplit {
 
 // 32 activations (n < 32: zero padded) -> int8 as q8_block: sx = max|x|/L,
 // q = rint(x * L/max|x|) with L = levels (127; 31 for z activations); returns sum(q).
-// A NaN among them makes sx NaN, as q8_block_scalar.
+// A NaN or an infinity among them: sx NaN and q 0, as q8_block_scalar.
 int q8_block_avx2(const float* x, size_t n, int8_t* q, float* sx, float levels) {
   alignas(32) float f[32] = {0};
   std::memcpy(f, x, (n < 32 ? n : 32) * sizeof(float));
   __m256 v[4];
-  const float amax = load_absmax32(f, v);
+  const float amax = load_absmax32(f, v);  // inf with an infinity; NaNs ignored, so look for them
   __m256 nan = _mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q);
   for (int i = 1; i < 4; ++i) nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
-  *sx = _mm256_movemask_ps(nan) ? NAN : amax / levels;
+  if (_mm256_movemask_ps(nan) || !(amax <= FLT_MAX)) return q8_bad_block(q, sx);
+  *sx = amax / levels;
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? levels / amax : 0.f);
   __m256i qv[4], s = _mm256_setzero_si256();
   for (int i = 0; i < 4; ++i) {

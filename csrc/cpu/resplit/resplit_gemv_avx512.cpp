@@ -12,6 +12,7 @@
 #include "resplit/resplit_wq_states.h"
 #include "common/simd.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -214,8 +215,10 @@ int q8_block_avx512(const float* x, size_t n, int8_t* q, float* sx, float levels
   const __mmask16 mb = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
   const __m512 a = _mm512_maskz_loadu_ps(ma, x), b = _mm512_maskz_loadu_ps(mb, x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  const bool nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
-  *sx = nan ? NAN : amax / levels;  // a NaN among them makes sx NaN, as q8_block_scalar
+  // a NaN or an infinity among them: sx NaN and q 0, as q8_block_scalar
+  if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q) || !(amax <= FLT_MAX))
+    return q8_bad_block(q, sx);
+  *sx = amax / levels;
   const __m512 inv = _mm512_set1_ps(amax > 0.f ? levels / amax : 0.f);
   const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
@@ -253,9 +256,9 @@ void silu_mul_avx512(const float* g, const float* u, size_t n, float* h) {
 // The kernel table's entries (kernel_table.cpp): vpdpbusd only where isa.cpp saw VNNI;
 // AVX-512 without it takes maddubs + madd.
 namespace {
-// A slip in the kernel table must not reach vpdpbusd on a CPU without VNNI (see require_vbmi).
+// A slip in the kernel table must not reach vpdpbusd off the AVX-512 VNNI path (see require_vbmi).
 void require_vnni() {
-  if (!cpu_features().avx512vnni) {
+  if (active_isa() != Isa::Avx512 || !cpu_features().avx512vnni) {
     std::fputs("rapidmoe: internal error: a VNNI kernel was selected without AVX-512 VNNI\n", stderr);
     std::abort();
   }
@@ -272,11 +275,11 @@ void row_dot_d4_avx512vnni(const uint8_t* q, size_t nb, const float* xp, size_t 
   require_vnni();
   row_dot_d4_vnni(q, nb, xp, xs, T, y, ys);
 }
-void rows_dot_wq_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+void rows_dot_wq_avx512vnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vnni();
   wq_rows<false>(q, rb, nr, nb, xp, y);
 }
-void rows_dot_wq_z_avx512(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+void rows_dot_wq_z_avx512vnni(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   require_vnni();
   wq_rows<true>(q, rb, nr, nb, xp, y);
 }

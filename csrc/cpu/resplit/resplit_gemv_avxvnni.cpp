@@ -66,7 +66,7 @@ void wq_rows(const uint8_t* q, size_t rb, size_t nb, const float* xp, float* y) 
 
 template <bool Z>
 void rows(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
-  if (!cpu_features().avxvnni) {  // a dispatch slip must not reach vpdpbusd
+  if (active_isa() != Isa::Avx2 || !cpu_features().avxvnni) {  // a kernel-table slip must not reach vpdpbusd
     std::fputs("rapidmoe: internal error: an AVX-VNNI kernel was selected without AVX-VNNI\n", stderr);
     std::abort();
   }

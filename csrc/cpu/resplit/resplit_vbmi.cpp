@@ -269,10 +269,11 @@ void in_row_groups(size_t nr, Rows rows) {
   for (; r < nr; ++r) rows(std::integral_constant<int, 1>(), r);
 }
 
-// A slip in the kernel table must not reach a VBMI instruction on a CPU without it (or
-// with it hidden by RAPIDMOE_ISA, which is how the tests catch such a slip on any machine).
+// A slip in the kernel table must not reach a VBMI instruction off the AVX-512 VBMI path:
+// on a CPU without it, or with it hidden or lowered by RAPIDMOE_ISA (which is how the
+// tests catch such a slip on any machine).
 void require_vbmi() {
-  if (!cpu_features().avx512vnni || !cpu_features().avx512vbmi) {
+  if (active_isa() != Isa::Avx512 || !cpu_features().avx512vnni || !cpu_features().avx512vbmi) {
     std::fputs("rapidmoe: internal error: a VBMI kernel was selected without AVX-512 VBMI+VNNI\n", stderr);
     std::abort();
   }
