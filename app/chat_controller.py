@@ -128,8 +128,12 @@ class ChatController:
         """Switch to a stored chat (None: a new, empty one); its messages. A chat that
         cannot be read raises UserError and changes nothing."""
         chat = self.store.get_chat(chat_id) if chat_id is not None else None
-        self.chat = chat
-        self.rebuild_session()
+        old, self.chat = self.chat, chat
+        try:
+            self.rebuild_session()
+        except UserError:  # the store failed reading its history: stay on the chat that was open
+            self.chat = old
+            raise
         return self.messages()
 
     def reread_chat(self) -> None:

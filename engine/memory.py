@@ -26,7 +26,6 @@ def vram_in_use() -> int | None:
 
         if not torch.cuda.is_available():
             return None
-        return sum(torch.cuda.mem_get_info(i)[1] - torch.cuda.mem_get_info(i)[0]
-                   for i in range(torch.cuda.device_count()))
+        return sum(total - free for free, total in map(torch.cuda.mem_get_info, range(torch.cuda.device_count())))
     except Exception:  # a driver that answers with an error shows no VRAM rather than failing the status bar
         return None

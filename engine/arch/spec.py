@@ -49,7 +49,7 @@ class ArchSpec:
     ff_exp_from_ff: bool = False  # experts sized by feed_forward_length when expert_feed_forward_length is missing
     needs_experts: bool = True  # False: a file without expert_count is a dense model, not an error
     # (key, read) -> fields of ModelConfig it reads itself; key(name, default, kind) reads `{arch}.{name}`,
-    # read holds what the common keys gave (n_embd, n_head, head_dim, n_vocab, n_layer, n_ff_shexp)
+    # read holds what the common keys gave (n_embd, n_head, head_dim, n_vocab, n_layer, n_ff_shexp, gating, ...)
     hparams: Callable[[Callable, dict], dict] | None = None
     check: Callable[[Any, Callable[[str], None]], None] | None = None  # (cfg, bad) after the common checks
     moe_layer: Callable[[Any, int], bool] = has_experts  # (cfg, il) -> block il has routed experts

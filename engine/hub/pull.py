@@ -105,7 +105,7 @@ def resolve(spec: str, *, offline: bool = False) -> ModelRef:
         return _local_ref(spec)
     repo, quant = parse_spec(spec)
     if offline or hc.env_offline():
-        return _cached_ref(repo, quant, "offline mode is on")
+        return _cached_ref(repo, quant, "offline mode is on" + (" (HF_HUB_OFFLINE)" if hc.env_offline() else ""))
     try:
         info = hub_http.model_info(hc.hub_endpoint(), repo)
     except _NET_ERRORS as e:

@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ....engine.errors import UserError
-from ...chat_controller import ChatController
+from ...chat_controller import NEW_TITLE, ChatController
 from ..attach import edit_in_editor, fenced_file
 from ..commands import help_text
 from ..reply_stream import ReplyStream
@@ -111,7 +111,7 @@ class ChatScreen(Screen):
         return self.log_view.note(text, kind)
 
     def set_title(self) -> None:
-        title = self.chat.title if self.chat else "New chat"
+        title = self.chat.title if self.chat else NEW_TITLE
         model = f"  ·  {self.model.name}" if self.model else ""
         loading = "  ·  loading…" if self.is_loading else ""
         unsaved = "  ·  not saved (--no-history)" if not self.app.store.persistent else ""
