@@ -23,10 +23,9 @@ from ..paths import cache_dir
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
-# The parsed metadata (~235 B) and the tokenizer's tables (~345-375 B) per vocabulary
-# entry, measured alone on two vocabularies: SmolLM2's 49K entries (611 B) and Qwen2's
-# 152K (584 B, with as many merges).
-TOKENIZER_BYTES_PER_TOKEN = 600
+# Measured on the demo model (49K vocabulary): tokenizer tables and parsed
+# metadata cost about this much per vocabulary entry.
+TOKENIZER_BYTES_PER_TOKEN = 900
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
