@@ -2,6 +2,7 @@
 disk checks, and split execution against full precision."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -263,3 +264,47 @@ def test_list_names_the_model_a_pack_serves_when_its_first_source_is_gone(src, c
     assert main(["list", "--json"]) == 0
     rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert rows[out.name]["note"] == "from demo" and not rows[out.name]["stale"]
+
+
+CONVERT_RSS_CHILD = r"""
+import json, sys
+from rapidmoe.engine.pack.convert import convert
+
+src, peak = sys.argv[1], [0]
+def resident():  # this process's resident pages of the source file's mapping
+    kb, cur = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            p = line.split()
+            if not p[0].endswith(":"):
+                cur = p[5] if len(p) > 5 else None
+            elif p[0] == "Rss:" and cur == src:
+                kb += int(p[1])
+    return kb * 1024
+def progress(step, done, total):
+    peak[0] = max(peak[0], resident())
+convert(src, progress=progress)
+print(json.dumps({"peak_source_resident": peak[0]}))
+"""
+
+
+def test_conversion_holds_one_source_tensor_at_a_time(tmp_path, monkeypatch):
+    """The converter reads the source through its mapping; each tensor's pages leave
+    the process's resident set once it is converted, so converting a model whose
+    experts do not fit in DRAM twice over never holds the whole source (before, the
+    source's every page stayed resident until the pack was open)."""
+    monkeypatch.setenv("RAPIDMOE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_synthetic(tmp_path / "m.gguf", "qwen3moe", seed=5, dtype="f16", n_layer=6, n_embd=256,
+                           n_expert=16, n_ff_exp=256)
+    with GGUFFile(path) as g:
+        largest = max(t.nbytes for t in g.tensors.values() if "_exps." in t.name)
+        experts = sum(t.nbytes for t in g.tensors.values() if "_exps." in t.name)
+    r = subprocess.run([sys.executable, "-c", CONVERT_RSS_CHILD, str(path)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peak = json.loads(r.stdout.strip().splitlines()[-1])["peak_source_resident"]
+    print(f"source resident at most {peak / 2**20:.1f} MiB; an expert tensor {largest / 2**20:.1f} MiB, "
+          f"all experts {experts / 2**20:.1f} MiB, the file {path.stat().st_size / 2**20:.1f} MiB")
+    assert peak > 0  # the probe sees the mapping
+    # the header (tokenizer arrays) and the tensor being read, never the experts read before it
+    assert peak < experts / 4, (peak, experts)

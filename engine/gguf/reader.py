@@ -281,6 +281,17 @@ class GGUFFile:
         t = self.tensors[name]
         return np.frombuffer(self._parts[t.part].mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's resident set (they stay in the
+        page cache; a later read maps them again): a pass over a whole model, as
+        the pack converter makes, then holds one tensor at a time, not the file."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        a = t.offset // page * page
+        end = min(-(-(t.offset + t.nbytes) // page) * page, self._parts[t.part].size)
+        if end > a and hasattr(mmap, "MADV_DONTNEED"):
+            self._parts[t.part].mm.madvise(mmap.MADV_DONTNEED, a, end - a)
+
     def close(self) -> None:
         for p in self._parts:
             try:

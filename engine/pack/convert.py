@@ -172,6 +172,7 @@ def _write(src: GGUFFile, ident: dict, out: Path, progress, log) -> None:
                         fault_point()
                         os.pwrite(fd, chunk.data, off + a)
                         crcs[off + a] = pack_check.crc(chunk.data)
+                    src.release(s.name)
             _write_experts(fd, plan, done, crcs, rec_file, header_sha, progress)
             table = np.array([crcs[a] for a, _ in plan.units], dtype="<u4")
             fault_point()
@@ -245,6 +246,7 @@ def _write_experts(fd: int, plan: PackPlan, done: set[int], crcs: dict[int, int]
                 n_done += rows * n
                 if progress:
                     progress("convert", n_done, plan.weights)
+            g.release(t.name)
         fault_point()
         os.fsync(fd)
         done.add(il)
