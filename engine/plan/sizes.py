@@ -23,9 +23,15 @@ from ..paths import cache_dir
 
 GLOBAL_TENSORS = ("token_embd.weight", "output.weight", "output_norm.weight")
 PREFILL_CHUNK = 256  # tokens per forward in prefill (generate.py's chunk)
-# Measured on the demo model (49K vocabulary): tokenizer tables and parsed
-# metadata cost about this much per vocabulary entry.
-TOKENIZER_BYTES_PER_TOKEN = 900
+# The parsed metadata (~235 B) and the tokenizer's tables (~345-375 B) per vocabulary
+# entry, measured alone on two vocabularies: SmolLM2's 49K entries (611 B) and Qwen2's
+# 152K (584 B, with as many merges).
+TOKENIZER_BYTES_PER_TOKEN = 600
+# Library code (torch's, ours) that a run pages in after import, whatever the model:
+# the same run measured 14 MB in one installation and 38 MB in a fresh one on the same
+# machine (how the libraries' pages lie in the page cache). 16 MiB keeps both ends
+# within 9% of the plan on the two models tests/test_plan.py runs.
+RUNTIME_CODE_BYTES = 16 << 20
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
@@ -162,22 +168,22 @@ def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -
     of a full context on the CPU engine (f32), plus the tokenizer: the chunk's
     attention output [T, n_head, head_dim] and each thread's tiles (the kernel
     never holds a score matrix), the routed experts' per-slot activations [T*k, H]
-    (~3 copies), hidden states, RoPE tables. Checked against the demo's peak RSS
-    (tests/test_plan.py)."""
+    (~3 copies), hidden states, RoPE tables, and the code a run pages in. Checked
+    against peak RSS on two models (tests/test_plan.py)."""
     T = min(chunk, n_ctx)
     attn = T * s.n_head * s.head_dim * 4 + 256 * s.n_head * (s.head_dim + 32) * 4
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
     hidden = 8 * T * max(s.n_embd, s.n_head * s.head_dim) * 4 + s.n_vocab * 4
     rope = 3 * n_ctx * s.head_dim * 4  # cos/sin tables, built in float64
-    return attn + moe + hidden + rope + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN
+    return attn + moe + hidden + rope + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_CODE_BYTES
 
 
 def host_workspace_bytes(s: ModelSizes, chunk: int = PREFILL_CHUNK) -> int:
     """DRAM the host side needs beside the weights when attention runs on a GPU:
-    tokenizer, runtime, the CPU experts' per-slot activations."""
+    tokenizer, runtime code, the CPU experts' per-slot activations."""
     T = chunk
     moe = 3 * T * s.n_expert_used * s.n_embd * 4 + 2 * T * s.n_expert_used * s.n_ff_exp * 4
-    return moe + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN
+    return moe + s.n_vocab * TOKENIZER_BYTES_PER_TOKEN + RUNTIME_CODE_BYTES
 
 
 def gpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = 512) -> int:
