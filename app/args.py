@@ -200,6 +200,8 @@ def remote_endpoint(args):
 def error_line(e: UserError) -> str:
     """An engine error as the command line says it: the setting that would fix it named by its flag."""
     flag = FLAG_OF.get(e.setting) if e.setting else None
+    if flag and isinstance(e, ContextError):
+        return f"{e} (raise {flag} or shorten {e.what})"
     return f"{e} ({flag})" if flag else str(e)
 
 
@@ -208,11 +210,6 @@ def flag_note(msg: str) -> str:
     if isinstance(msg, SettingNote) and msg.field in FLAG_OF:
         return f"{FLAG_OF[msg.field]} {msg.value} {msg.rest}"
     return msg
-
-
-def context_error(e: ContextError, shorten: bool = False) -> UserError:
-    """A text the context cannot hold, with how to make room from the command line."""
-    return UserError(f"{e} (raise {FLAG_OF['n_ctx']}{' or shorten it' if shorten else ''})")
 
 
 def check_sampling(params) -> None:

@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 
-from ..engine.errors import ContextError, UserError
+from ..engine.errors import UserError
 from ..engine.events import Finished, TextDelta
 from .args import (
     add_model_arguments,
@@ -14,7 +14,6 @@ from .args import (
     apply_offline,
     apply_threads,
     check_sampling,
-    context_error,
     critical_setting,
     flag_note,
     plan_request,
@@ -114,8 +113,6 @@ def run_prompt(args, prompt: str) -> int:
                     out.flush()
             elif isinstance(ev, Finished):
                 final = ev
-    except ContextError as e:
-        raise context_error(e) from None
     except RemoteError as e:  # the server failed: what came is kept, marked cut, and the error is one line
         if args.json:
             out.write(json.dumps({"text": e.partial, "finish_reason": "cut"}) + "\n")

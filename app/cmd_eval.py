@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.errors import ContextError, UserError
+from ..engine.errors import UserError
 from ..engine.tune.evaluate import all_logits, divergence, load_logits, perplexity, save_logits
-from .args import add_model_arguments, context_error
+from .args import add_model_arguments
 from .cmd_chat import load_for_cli
 from .progress import StepProgress
 
@@ -44,10 +44,7 @@ def run(args) -> int:
         if not np.array_equal(btok, np.asarray(tokens, dtype=btok.dtype)) or blog.shape[1] != model.cfg.n_vocab:
             raise UserError(f"{args.kl_base}: made from other tokens or another vocabulary than this text and model")
     with StepProgress(enabled=not args.json and sys.stderr.isatty()) as prog:
-        try:
-            logits = all_logits(model, tokens, progress=prog)
-        except ContextError as e:
-            raise context_error(e, shorten=True) from None
+        logits = all_logits(model, tokens, progress=prog)
     result = {"ppl": perplexity(tokens, logits), "n": len(tokens)}
     if base is not None:
         d = divergence(base[1], logits)

@@ -26,12 +26,12 @@ class SettingError(UserError):
 
 class ContextError(UserError):
     """A text longer than the context holds, in the engine's terms: `what` ("the
-    prompt") is `n_tokens` tokens, the context `n_ctx`. The app adds how its user
-    raises the context (a flag, a setting)."""
+    prompt") is `n_tokens` tokens, the context `n_ctx`; the setting that makes room
+    is n_ctx, which the app names as its user raises it (a flag, a setting)."""
 
     def __init__(self, what: str, n_tokens: int, n_ctx: int):
         self.what, self.n_tokens, self.n_ctx = what, n_tokens, n_ctx
-        super().__init__(f"{what} is {n_tokens} tokens but the context holds {n_ctx}")
+        super().__init__(f"{what} is {n_tokens} tokens but the context holds {n_ctx}", setting="n_ctx")
 
 
 class SettingNote(str):

@@ -81,7 +81,12 @@ def test_eval_errors(tmp_path, fixture_model):
     long = tmp_path / "long.txt"
     long.write_text("word " * 5000)
     r = cli("eval", "-m", fixture_model, "--text", str(long), "--ctx", "128")
-    assert r.returncode == 2 and "context" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith("but the context holds 128 (raise --ctx or shorten the text)"), r.stderr
+    # the chat's prompt: the same engine error, the same way of naming the flag
+    r = cli("-m", fixture_model, "-p", "word " * 400, "--ctx", "128", "--precision", "full", "--no-history")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.strip().endswith("but the context holds 128 (raise --ctx or shorten the prompt)"), r.stderr
     r = cli("eval", "-m", fixture_model, "--text", str(tmp_path / "missing.txt"))
     assert r.returncode == 2 and "no such file" in r.stderr
     bad = tmp_path / "bad.npz"
