@@ -86,6 +86,11 @@ def validate(kernels, name: str) -> None:
     if not np.array_equal(got.view(np.uint32), wf.reshape(-1).view(np.uint32)):
         raise SystemExit(f"{name}: dequantize differs from gguf-py")
     xr, w64 = x.astype(np.float64), wf.astype(np.float64)
+    if name == "F16":  # llama.cpp's vec_dot_type: the activations are rounded to the weight's type first
+        xr = x.astype(np.float16).astype(np.float64)
+    elif name == "BF16":  # round to nearest even, as the kernels do
+        u = x.view(np.uint32).astype(np.uint64)
+        xr = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32).astype(np.float64)
     ref = xr @ w64.T
     mag = np.abs(xr) @ np.abs(w64).T
     if os.environ.get("RAPIDMOE_GGML_F32ACT") != "1" and name in INT8_TYPES:
