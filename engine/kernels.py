@@ -147,6 +147,18 @@ def decode_attn_block(x: np.ndarray, norm_w: np.ndarray, norm_eps: float, wq, wk
                                   bool(neox), _f32(q_norm), _f32(k_norm), float(eps), float(scale), bool(qk_full))
 
 
+def decode_mla_block(x: np.ndarray, norm_w: np.ndarray, norm_eps: float, wq, wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm,
+                     k_b, v_b, wo, cache: np.ndarray, pos: int, n_head: int, cos: np.ndarray, sin: np.ndarray,
+                     rope_dim: int, neox: bool, scale: float, nope: int, hv: int) -> np.ndarray:
+    """x [H] + Wo . mla(rms_norm(x)) for one decode token (DeepSeek's latent attention,
+    engine/models/mla.py): w*, k_b, v_b as ggml_operand pairs of 2-D rows (the per-head
+    stacks k_b [n_head * kv, nope] and v_b [n_head * hv, kv]); wq None, or wq_a, q_a_norm
+    and wq_b None; cache: the layer's rows [1, n_ctx, kv + rope_dim] (position pos written)."""
+    return _cpu.decode_mla_block(_f32(x), _f32(norm_w), float(norm_eps), wq, wq_a, _f32(q_a_norm), wq_b, wkv_a,
+                                 _f32(kv_a_norm), k_b, v_b, wo, cache, int(pos), int(n_head), _f32(cos), _f32(sin),
+                                 int(rope_dim), bool(neox), float(scale), int(nope), int(hv))
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * w over the last axis, rounded as ggml does (float
     squares summed in double); the fused decode blocks use the same function."""

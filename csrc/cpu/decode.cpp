@@ -34,6 +34,47 @@ void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps,
   for (size_t i = 0; i < H; ++i) out[i] = x[i] + y[i];
 }
 
+void decode_mla_block(const float* x, size_t H, const float* norm_w, float eps, const MlaProj& m, const AttnDecode& a,
+                      const KvRows& rows, size_t pos, float* out) {
+  const size_t nh = m.n_head, kv = m.kv, rd = a.rope_dim, nope = m.nope, hk = nope + rd, dk = kv + rd;
+  std::vector<float> xn(H), q(nh * hk), ckv(dk), qn(nh * nope), lat(nh * kv), qcat(nh * dk), row(dk), o_lat(nh * kv),
+      o(nh * m.hv), y(H);
+  rms_norm_row(x, H, norm_w, eps, xn.data());
+  const GgmlMat& first = m.wq.w ? m.wq : m.wq_a;
+  std::vector<float> qa(m.wq.w ? 0 : m.wq_a.rows);
+  {
+    const int types[2] = {first.type, m.wkv_a.type};
+    const uint8_t* ws[2] = {first.w, m.wkv_a.w};
+    const size_t rs[2] = {first.rows, m.wkv_a.rows}, rbs[2] = {first.rb, m.wkv_a.rb};
+    float* ys[2] = {m.wq.w ? q.data() : qa.data(), ckv.data()};
+    ggml::matvec_multi(2, types, ws, rs, rbs, H, xn.data(), ys);
+  }
+  if (!m.wq.w) {
+    rms_norm_row(qa.data(), qa.size(), m.q_a_norm, eps, qa.data());
+    matvec(m.wq_b, qa.data(), q.data());
+  }
+  std::vector<int32_t> heads(nh);
+  for (size_t h = 0; h < nh; ++h) {
+    heads[h] = (int32_t)h;
+    float* qh = q.data() + h * hk;
+    std::copy(qh, qh + nope, qn.data() + h * nope);
+    rope_head(qh + nope, a);
+    std::copy(qh + nope, qh + hk, qcat.data() + h * dk + kv);
+  }
+  ggml::expert_matmul(m.k_b.type, m.k_b.w, nh, kv, m.k_b.rb, nope, heads.data(), qn.data(), nh, lat.data());
+  for (size_t h = 0; h < nh; ++h) std::copy(lat.data() + h * kv, lat.data() + (h + 1) * kv, qcat.data() + h * dk);
+  rms_norm_row(ckv.data(), kv, m.kv_a_norm, eps, row.data());
+  std::copy(ckv.data() + kv, ckv.data() + dk, row.data() + kv);
+  rope_head(row.data() + kv, a);
+  kv_store(rows, pos, 1, row.data());
+  KvRows values = rows;  // the latent part of the same rows
+  values.dim = kv;
+  attn_cached(qcat.data(), 1, nh, 1, rows, values, pos, a.scale, o_lat.data());
+  ggml::expert_matmul(m.v_b.type, m.v_b.w, nh, m.hv, m.v_b.rb, kv, heads.data(), o_lat.data(), nh, o.data());
+  matvec(m.wo, o.data(), y.data());
+  for (size_t i = 0; i < H; ++i) out[i] = x[i] + y[i];
+}
+
 void route_rows(const float* logits, size_t T, const RouteSpec& rs, int32_t* ids, float* w) {
   const size_t E = rs.E, k = rs.k;
   std::vector<float> p(E), sel(E);

@@ -23,6 +23,22 @@ void decode_attn_block(const float* x, size_t H, const float* norm_w, float eps,
                        const GgmlMat& wv, const GgmlMat& wo, const float* bq, const float* bk, const float* bv,
                        const AttnDecode& a, const KvRows& kc, const KvRows& vc, size_t pos, float* out);
 
+// DeepSeek's multi-head latent attention in the absorbed form (engine/models/mla.py) for
+// one decode token. q = wq . xn, or wq_b . rms_norm(wq_a . xn) when wq.w is null; the row
+// cached at pos is [rms_norm(latent) | roped k_pe] (rows: one head of kv + rope_dim values);
+// every head attends over those rows (its query [k_b_h . q_nope_h | roped q_pe_h]) and
+// reads the latent part as values; k_b [n_head * kv rows, nope] and v_b [n_head * hv rows,
+// kv] are per-head stacks. a: rope_dim, neox, cos/sin at pos, scale.
+struct MlaProj {
+  GgmlMat wq{}, wq_a{}, wq_b{}, wkv_a{}, k_b{}, v_b{}, wo{};
+  const float* q_a_norm = nullptr;  // [wq_a.rows] when wq_a is used
+  const float* kv_a_norm = nullptr;  // [kv]
+  size_t n_head = 0, kv = 0, nope = 0, hv = 0;
+};
+// out [H] = x + Wo . mla(rms_norm(x)), the cache row at pos written.
+void decode_mla_block(const float* x, size_t H, const float* norm_w, float eps, const MlaProj& m, const AttnDecode& a,
+                      const KvRows& rows, size_t pos, float* out);
+
 struct RouteSpec {
   size_t E, k;
   bool sigmoid;    // else softmax

@@ -117,7 +117,7 @@ class Block:
 
     def chainable(self, step) -> bool:
         """Both halves fuse for a decode token of this step (a DecodeChain can run the block)."""
-        return (step.fused and getattr(self.attn, "fusable", lambda: False)() and isinstance(self.ffn, MoEFFN)
+        return (step.fused and hasattr(self.attn, "chain_args") and self.attn.fusable() and isinstance(self.ffn, MoEFFN)
                 and self.ffn.fusable(step))
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache, step) -> torch.Tensor:

@@ -88,6 +88,36 @@ class MLAttention:
             self.v_b = kvb[:, self.nope:].contiguous()  # [nh, hv, kv]
         self.wo = W.mat(p + "attn_output.weight", nh * hv, H)
         self.kv = kv
+        self._ops = None
+
+    def fusable(self) -> bool:
+        """decode_block covers this layer (not llama.cpp's per-position query temperature)."""
+        return not self.cfg.mla.attn_temp_scale
+
+    def _operands(self) -> tuple:
+        """The projections as decode_mla_block takes them: 2-D ggml operands (the per-head
+        stacks as one run of rows), None where the layer has no such matrix."""
+        if self._ops is None:
+            def op(w):
+                if w is None:
+                    return None
+                raw, qtype = kernels.ggml_operand(w.contiguous() if isinstance(w, torch.Tensor) else w)
+                return raw.reshape(-1, raw.shape[-1]), qtype
+
+            q_lora = self.wq is None
+            self._ops = (op(self.wq), op(self.wq_a if q_lora else None),
+                         self.q_a_norm.numpy() if q_lora else None, op(self.wq_b if q_lora else None),
+                         op(self.wkv_a), self.kv_a_norm.numpy(), op(self.k_b), op(self.v_b), op(self.wo))
+        return self._ops
+
+    def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: MLACache) -> torch.Tensor:
+        """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the cache row written at pos)."""
+        cfg = self.cfg
+        out = kernels.decode_mla_block(
+            x.numpy().reshape(-1), norm_w.numpy(), eps, *self._operands(), cache.kv[self.il].array(), pos, cfg.n_head,
+            self.rope.cos[pos].numpy(), self.rope.sin[pos].numpy(), self.rope.dim, self.rope.style == "neox",
+            self.scale, self.nope, cfg.mla.head_dim_v)
+        return torch.from_numpy(out).view(1, -1)
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: MLACache) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]

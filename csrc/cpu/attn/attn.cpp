@@ -43,16 +43,6 @@ void rms_head(float* x, size_t n, const float* w, float eps) {
   for (size_t i = 0; i < n; ++i) x[i] = x[i] * r * w[i];
 }
 
-void rope_head(float* x, const AttnDecode& a) {
-  const size_t h = a.rope_dim / 2;
-  for (size_t i = 0; i < h; ++i) {
-    const size_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
-    const float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * a.cos[i] - x1 * a.sin[i];
-    x[i1] = x0 * a.sin[i] + x1 * a.cos[i];
-  }
-}
-
 // Eight partial sums: the compiler vectorizes them without reassociating a single sum.
 inline float dot(const float* a, const float* b, size_t n) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -288,6 +278,16 @@ void attn_cached(const float* q, size_t n_q, size_t n_head, size_t n_groups, con
         for (size_t d = 0; d < hdv; ++d) oh[d] *= inv;
       }
     }
+}
+
+void rope_head(float* x, const AttnDecode& a) {
+  const size_t h = a.rope_dim / 2;
+  for (size_t i = 0; i < h; ++i) {
+    const size_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
+    const float x0 = x[i0], x1 = x[i1];
+    x[i0] = x0 * a.cos[i] - x1 * a.sin[i];
+    x[i1] = x0 * a.sin[i] + x1 * a.cos[i];
+  }
 }
 
 // As ggml_rms_norm then ggml_mul: float squares summed in double (in 8 partial sums,

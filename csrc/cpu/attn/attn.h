@@ -52,6 +52,10 @@ struct AttnDecode {
   bool qk_full = false;  // the norms span the whole q and k (olmoe), not each head
 };
 
+// The first a.rope_dim values of x rotated in place by a.cos / a.sin (a.neox: pairs
+// (i, i + d/2), else (2i, 2i + 1)), as engine/models/common.Rope.
+void rope_head(float* x, const AttnDecode& a);
+
 // out = x * rsqrt(mean(x^2) + eps) * w, as ggml (out may be x)
 void rms_norm_row(const float* x, size_t n, const float* w, float eps, float* out);
 
