@@ -13,6 +13,7 @@ from rapidmoe.engine.models.common import rms_norm
 from rapidmoe.engine.models.mla import MLAttention
 from rapidmoe.engine.plan.planner import PlanRequest
 from rapidmoe.engine.synth.model import write_synthetic
+from test_decode_blocks import block_by_block
 
 PROMPT = torch.tensor([5, 17, 99, 3, 250, 41, 7])
 
@@ -22,8 +23,8 @@ def ds2(tmp_path_factory):
     d = tmp_path_factory.mktemp("mla")
     models = {}
 
-    def get(preset, dtype, kv_type):
-        key = (preset, dtype, kv_type)
+    def get(preset, dtype, kv_type, critical="k"):
+        key = (preset, dtype, kv_type, critical)
         if key not in models:
             # a q8_0 cache needs rows (latent + RoPE) and a latent of whole 32-blocks; q8_0
             # matrices need rows of whole blocks
@@ -31,7 +32,7 @@ def ds2(tmp_path_factory):
             if dtype == "q8_0":
                 shape.update(q_lora_rank=64, qk_nope=32, v_head=32)
             p = write_synthetic(d / f"{preset}-{dtype}-{kv_type}.gguf", preset, seed=4, dtype=dtype, **shape)
-            models[key] = load_model(p, n_ctx=64, critical="k", placement=PlanRequest(mode="cpu", kv_type=kv_type))
+            models[key] = load_model(p, n_ctx=64, critical=critical, placement=PlanRequest(mode="cpu", kv_type=kv_type))
         return models[key]
     return get
 
@@ -93,6 +94,31 @@ def test_decode_tokens_fused_and_unfused_agree(ds2, preset, monkeypatch):
     for (ta, la), (tb, lb) in zip(fused, unfused):
         assert ta == tb
         assert (la - lb).abs().max().item() <= 1e-4 * lb.abs().max().item()
+
+
+# ds2_v3: a dense lead block, then two MoE blocks with a shared expert, the selection bias
+# and expert groups; ds2_lite: one wq, softmax routing
+@pytest.mark.parametrize("preset", ["ds2_v3", "ds2_lite"])
+@pytest.mark.parametrize("critical,kv_type", [(2, "f16"), ("auto", "f16"), ("k", "q8_0")])
+def test_a_decode_token_through_the_mla_chain_is_the_blocks_one_by_one(ds2, preset, critical, kv_type):
+    m = ds2(preset, "f32", kv_type, critical)
+    R = m.runner
+    toks = [3, 17, 5, 9, 40, 2, 11]
+    chain, blocks = R.new_cache(32), R.new_cache(32)
+    R.prefill(torch.tensor(toks[:3]), 0, chain)
+    R.prefill(torch.tensor(toks[:3]), 0, blocks)
+    for pos in range(3, len(toks)):
+        logits, trace = R.decode(toks[pos], pos, chain)
+        want, st = block_by_block(R.net, toks[pos], pos, blocks, R.policy)
+        assert torch.equal(logits, want)  # the same kernels in the same order
+        assert sorted(trace.r) == sorted(st.r)
+        for il in st.r:
+            assert np.array_equal(trace.r[il], st.r[il]) and np.array_equal(trace.ids[il], st.ids[il])
+    # every MoE block ran in the chain (the dense lead block does not fuse), same cache
+    n_moe = sum(1 for b in R.net.blocks if hasattr(b.ffn, "chain_args"))
+    assert n_moe >= 2 and sum(len(c.blocks) for c in R.net._chains.get(chain, {}).values()) == n_moe
+    for il in range(m.cfg.n_layer):
+        assert torch.equal(chain.kv[il].data, blocks.kv[il].data)
 
 
 def test_decode_mla_block_rejects_bad_input(ds2):

@@ -96,46 +96,17 @@ void def_attn(py::module_& m) {
                                size_t n_head, const F32Array& cos, const F32Array& sin, size_t rope_dim, bool neox,
                                float scale, size_t nope, size_t hv) {
     const size_t H = (size_t)x.size();
-    const KvArg C = kv_rows(cache, "cache");
-    const size_t dk = C.rows.dim;
-    const auto bad = [](const char* what) { return py::value_error(std::string("decode_mla_block: ") + what); };
-    if ((size_t)norm_w.size() != H) throw bad("norm weight size");
-    if (C.heads != 1 || pos >= C.n_ctx || rope_dim % 2 || rope_dim >= dk || (size_t)cos.size() < rope_dim / 2 ||
-        (size_t)sin.size() < rope_dim / 2 || n_head == 0 || nope == 0 || hv == 0)
-      throw bad("cache rows, position, heads or RoPE do not agree");
-    rmoe::MlaProj P;
-    P.n_head = n_head, P.kv = dk - rope_dim, P.nope = nope, P.hv = hv;
-    if (C.rows.type == rmoe::KvType::Q8_0 && P.kv % 32) throw bad("a q8_0 cache needs a latent of whole blocks");
-    const size_t hk = nope + rope_dim;
-    if (wq.is_none() == wq_a.is_none() || wq_a.is_none() != wq_b.is_none() || wq_a.is_none() != q_a_norm.is_none())
-      throw bad("give wq, or wq_a, q_a_norm and wq_b");
-    F32Array qan;
-    if (!wq.is_none()) {
-      P.wq = ggml_mat(wq.cast<py::tuple>(), H, "wq");
-      if (P.wq.rows != n_head * hk) throw bad("wq rows are not the heads' queries");
-    } else {
-      P.wq_a = ggml_mat(wq_a.cast<py::tuple>(), H, "wq_a");
-      P.wq_b = ggml_mat(wq_b.cast<py::tuple>(), P.wq_a.rows, "wq_b");
-      P.q_a_norm = opt_f32(q_a_norm, P.wq_a.rows, "q_a_norm", qan);
-      if (P.wq_b.rows != n_head * hk) throw bad("wq_b rows are not the heads' queries");
-    }
-    P.wkv_a = ggml_mat(wkv_a, H, "wkv_a");
-    P.k_b = ggml_mat(k_b, nope, "k_b");
-    P.v_b = ggml_mat(v_b, P.kv, "v_b");
-    P.wo = ggml_mat(wo, n_head * hv, "wo");
-    if (P.wkv_a.rows != dk || (size_t)kv_a_norm.size() != P.kv || P.k_b.rows != n_head * P.kv ||
-        P.v_b.rows != n_head * hv || P.wo.rows != H)
-      throw bad("projection shapes do not agree with the heads and the cache rows");
-    P.kv_a_norm = kv_a_norm.data();
-    rmoe::AttnDecode a{};
-    a.n_head = n_head, a.rope_dim = rope_dim, a.neox = neox, a.cos = cos.data(), a.sin = sin.data(), a.scale = scale;
+    if ((size_t)norm_w.size() != H) throw py::value_error("decode_mla_block: norm weight size");
+    const MlaArgs M(H, wq, wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, k_b, v_b, wo, cache, n_head, cos, sin, rope_dim, neox,
+                    scale, nope, hv, "decode_mla_block");
+    if (pos >= M.n_ctx) throw py::value_error("decode_mla_block: position past the cache");
     F32Array out((py::ssize_t)H);
     const float* xp = x.data();
     const float* nw = norm_w.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release nogil;
-      rmoe::decode_mla_block(xp, H, nw, eps, P, a, C.rows, pos, op);
+      rmoe::decode_mla_block(xp, H, nw, eps, M.p, M.a, M.rows, pos, op);
     }
     return out;
   }, py::arg("x"), py::arg("norm_w"), py::arg("eps"), py::arg("wq"), py::arg("wq_a"), py::arg("q_a_norm"),

@@ -107,6 +107,55 @@ struct AttnProj {
   }
 };
 
+// DeepSeek's latent attention for decode_mla_block: the projections (wq, or wq_a, q_a_norm
+// and wq_b; each a ggml_mat pair or None), the layer's cache rows [1, n_ctx, kv + rope_dim]
+// and the RoPE values (cos/sin: at least rope_dim / 2 values; the caller checks a table's
+// shape), checked against the width H, the heads and the rows.
+struct MlaArgs {
+  rmoe::MlaProj p;
+  rmoe::AttnDecode a{};
+  rmoe::KvRows rows{};
+  size_t n_ctx = 0;
+  F32Array cos, sin, qan, kvn;
+  MlaArgs(size_t H, const py::object& wq, const py::object& wq_a, const py::object& q_a_norm, const py::object& wq_b,
+          const py::tuple& wkv_a, const F32Array& kv_a_norm, const py::tuple& k_b, const py::tuple& v_b,
+          const py::tuple& wo, const py::array& cache, size_t n_head, const F32Array& cos_, const F32Array& sin_,
+          size_t rope_dim, bool neox, float scale, size_t nope, size_t hv, const char* fn)
+      : cos(cos_), sin(sin_), kvn(kv_a_norm) {
+    const auto bad = [fn](const char* what) { return py::value_error(std::string(fn) + ": " + what); };
+    const KvArg C = kv_rows(cache, "cache");
+    rows = C.rows;
+    n_ctx = C.n_ctx;
+    const size_t dk = rows.dim;
+    if (C.heads != 1 || rope_dim % 2 || rope_dim >= dk || (size_t)cos.size() < rope_dim / 2 ||
+        (size_t)sin.size() < rope_dim / 2 || n_head == 0 || nope == 0 || hv == 0)
+      throw bad("cache rows, heads or RoPE do not agree");
+    p.n_head = n_head, p.kv = dk - rope_dim, p.nope = nope, p.hv = hv;
+    if (rows.type == rmoe::KvType::Q8_0 && p.kv % 32) throw bad("a q8_0 cache needs a latent of whole blocks");
+    if (wq.is_none() == wq_a.is_none() || wq_a.is_none() != wq_b.is_none() || wq_a.is_none() != q_a_norm.is_none())
+      throw bad("give wq, or wq_a, q_a_norm and wq_b");
+    const size_t q_rows = n_head * (nope + rope_dim);
+    if (!wq.is_none()) {
+      p.wq = ggml_mat(wq.cast<py::tuple>(), H, "wq");
+      if (p.wq.rows != q_rows) throw bad("wq rows are not the heads' queries");
+    } else {
+      p.wq_a = ggml_mat(wq_a.cast<py::tuple>(), H, "wq_a");
+      p.wq_b = ggml_mat(wq_b.cast<py::tuple>(), p.wq_a.rows, "wq_b");
+      p.q_a_norm = opt_f32(q_a_norm, p.wq_a.rows, "q_a_norm", qan);
+      if (p.wq_b.rows != q_rows) throw bad("wq_b rows are not the heads' queries");
+    }
+    p.wkv_a = ggml_mat(wkv_a, H, "wkv_a");
+    p.k_b = ggml_mat(k_b, nope, "k_b");
+    p.v_b = ggml_mat(v_b, p.kv, "v_b");
+    p.wo = ggml_mat(wo, n_head * hv, "wo");
+    if (p.wkv_a.rows != dk || (size_t)kvn.size() != p.kv || p.k_b.rows != n_head * p.kv ||
+        p.v_b.rows != n_head * hv || p.wo.rows != H)
+      throw bad("projection shapes do not agree with the heads and the cache rows");
+    p.kv_a_norm = kvn.data();
+    a.n_head = n_head, a.rope_dim = rope_dim, a.neox = neox, a.cos = cos.data(), a.sin = sin.data(), a.scale = scale;
+  }
+};
+
 // A router's selection: k of E experts, with the optional selection bias (None or float32
 // [E]) and expert groups (n_groups > 1: E / n_groups experts each, n_group_used of them
 // compete), checked; bias holds what rs.bias points to.

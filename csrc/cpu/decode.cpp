@@ -189,7 +189,11 @@ void decode_layers(const DecodeLayer* layers, size_t n, size_t H, size_t pos, co
     AttnDecode a = L.a;
     a.cos = L.cos + pos * (a.rope_dim / 2);
     a.sin = L.sin + pos * (a.rope_dim / 2);
-    decode_attn_block(x, H, L.attn_norm, L.eps, L.wq, L.wk, L.wv, L.wo, L.bq, L.bk, L.bv, a, L.kc, L.vc, pos, h.data());
+    if (L.is_mla)
+      decode_mla_block(x, H, L.attn_norm, L.eps, L.mla, a, L.kc, pos, h.data());
+    else
+      decode_attn_block(x, H, L.attn_norm, L.eps, L.wq, L.wk, L.wv, L.wo, L.bq, L.bk, L.bv, a, L.kc, L.vc, pos,
+                        h.data());
     r[i] = decode_moe_block(h.data(), H, L.ffn_norm, L.eps, L.router, L.rs, pol[i], L.mw, L.sh, x, ids + off,
                             w + off);
     off += L.rs.k;

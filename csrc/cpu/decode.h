@@ -74,13 +74,15 @@ int decode_moe_block(const float* h, size_t H, const float* norm_w, float eps, c
                      const RouteSpec& rs, const CritPolicy& pol, const resplit::MoeWeights& mw, const SharedFFN& sh,
                      float* out, int32_t* ids, float* w);
 
-// One transformer block whose two halves both fuse (decode_attn_block, then
-// decode_moe_block), as decode_layers runs it.
+// One transformer block whose two halves both fuse (decode_attn_block, or decode_mla_block
+// when is_mla, then decode_moe_block), as decode_layers runs it.
 struct DecodeLayer {
   float eps;  // the block's two norms
   const float* attn_norm;
   GgmlMat wq, wk, wv, wo;
   const float *bq, *bk, *bv;  // may be null
+  bool is_mla;                // the attention half is mla (its rows: kc), not wq..bv
+  MlaProj mla;
   AttnDecode a;               // its cos/sin are set per position from the tables below
   const float *cos, *sin;     // [n_pos, rope_dim / 2]
   size_t n_pos;

@@ -83,6 +83,8 @@ class Attention:
                          *(None if b is None else b.numpy() for b in (self.bq, self.bk, self.bv)))
         return self._ops
 
+    CHAIN_ADD = "add"  # the DecodeChain method that takes chain_args
+
     def chain_args(self, cache: KVCache) -> dict:
         """The attention half's operands as DecodeChain.add takes them (this cache's rows,
         the whole RoPE tables)."""
@@ -117,7 +119,7 @@ class Block:
 
     def chainable(self, step) -> bool:
         """Both halves fuse for a decode token of this step (a DecodeChain can run the block)."""
-        return (step.fused and hasattr(self.attn, "chain_args") and self.attn.fusable() and isinstance(self.ffn, MoEFFN)
+        return (step.fused and getattr(self.attn, "fusable", lambda: False)() and isinstance(self.ffn, MoEFFN)
                 and self.ffn.fusable(step))
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache, step) -> torch.Tensor:
@@ -140,8 +142,8 @@ class BlockChain:
         self.blocks = blocks
         self.op = kernels.decode_chain()
         for b in blocks:
-            self.op.add(attn_norm=b.attn_norm.numpy(), ffn_norm=b.ffn_norm.numpy(), eps=b.eps,
-                        **b.attn.chain_args(cache), **b.ffn.chain_args())
+            getattr(self.op, b.attn.CHAIN_ADD)(attn_norm=b.attn_norm.numpy(), ffn_norm=b.ffn_norm.numpy(), eps=b.eps,
+                                               **b.attn.chain_args(cache), **b.ffn.chain_args())
 
     def __call__(self, x: torch.Tensor, pos: int, step) -> torch.Tensor:
         """x [1, H] at pos through the blocks; each MoE layer's r and ids recorded in step."""

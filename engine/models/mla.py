@@ -110,6 +110,17 @@ class MLAttention:
                          op(self.wkv_a), self.kv_a_norm.numpy(), op(self.k_b), op(self.v_b), op(self.wo))
         return self._ops
 
+    CHAIN_ADD = "add_mla"  # the DecodeChain method that takes chain_args
+
+    def chain_args(self, cache: MLACache) -> dict:
+        """The attention half's operands as DecodeChain.add_mla takes them (this cache's rows,
+        the whole RoPE tables)."""
+        cfg = self.cfg
+        return dict(zip(("wq", "wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "k_b", "v_b", "wo"), self._operands()),
+                    cache=cache.kv[self.il].array(), n_head=cfg.n_head, cos=self.rope.cos.numpy(),
+                    sin=self.rope.sin.numpy(), rope_dim=self.rope.dim, neox=self.rope.style == "neox", scale=self.scale,
+                    nope=self.nope, hv=cfg.mla.head_dim_v)
+
     def decode_block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, pos: int, cache: MLACache) -> torch.Tensor:
         """x [1, H] -> x + self(rms_norm(x)) in one kernel call (the cache row written at pos)."""
         cfg = self.cfg
