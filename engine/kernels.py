@@ -234,7 +234,7 @@ def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray,
     Rows of x come grouped by slot: counts[s] consecutive rows use expert ids[s]
     (default: one row per slot, the decode case). The SIMD paths run 'wq' and 'd4'
     on int8 activations (per 32 values, see resplit_oracle.q8_activations); 'wr'
-    and the scalar path use float32. z: 'wq' on the 6-bit z activations of the MoE
+    and the scalar path use float32. z: 'wq' on the z activations of the MoE
     layer's non-critical rows, where they exist (isa_info()["wq_z"]).
     """
     ids = np.ascontiguousarray(ids, dtype=np.int32)

@@ -31,7 +31,7 @@ mats = {"wq": (np.tile(base_q, (32, 1, 1)), H), "wr": (np.tile(base_r, (32, 1, 1
 # Each call takes a different set of E of the 128 experts (disjoint sets cycle), so the
 # weights come from DRAM as in a model, not from the last level cache; a low percentile is kept.
 sets = np.arange(128 // E * E, dtype=np.int32).reshape(-1, E)
-# "wqz": WQ of non-critical rows on 6-bit z activations, where the path has them
+# "wqz": WQ of non-critical rows on z activations (isa_info()["wq_z_levels"]), where the path has them
 zq = kernels.isa_info()["wq_z"]
 for name, (q, n) in [*mats.items(), *([("wqz", mats["wq"])] if zq else [])]:
     fmt, z = ("wq", True) if name == "wqz" else (name, False)
@@ -39,7 +39,7 @@ for name, (q, n) in [*mats.items(), *([("wqz", mats["wq"])] if zq else [])]:
     ids = sets[0]
     y = kernels.resplit_expert_matmul(fmt, q, n, ids, x, z=z)
     int8 = kernels.isa_info()["wr_int8"] if fmt == "wr" else res["isa"] != "scalar"
-    xr = o.q8_activations(x, 31 if z else 127) if int8 else x  # SIMD WQ/D4 (and WR with VBMI) run on int8 x
+    xr = o.q8_activations(x, kernels.isa_info()["wq_z_levels"] if z else 127) if int8 else x  # SIMD WQ/D4 (and WR with VBMI) run on int8 x
     ref = np.stack([o.dequantize(fmt, q[e], n).astype(np.float64) @ xr[s] for s, e in enumerate(ids)])
     assert np.allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()), name
     nbytes = sum(q[e].nbytes for e in ids)

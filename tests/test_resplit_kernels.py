@@ -5,9 +5,9 @@ float32; against a float64 reference the error is bounded by ~n*eps*sum|x*w|
 (n <= 1408 here), so rtol 1e-4 of the largest output is a safe, tight bound.
 The SIMD paths run WQ, WR and D4 on int8 activations (per 32: sx = max|x|/127,
 rint(x/sx)); their reference applies the same rounding to x (oracle q8_activations), so
-the bound holds. With AVX-512 VNNI or AVX-VNNI (isa_info()["wq_z"]), non-critical rows
-outside the int8 GEMM run WQ on 6-bit activations (sx = max|x|/31), and their reference
-rounds x and h the same way. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
+the bound holds. On the SIMD paths (isa_info()["wq_z"]), non-critical rows outside the
+int8 GEMM run WQ on coarser z activations (sx = max|x|/L, L = isa_info()["wq_z_levels"]:
+31 with VNNI, 16 without), and their reference rounds x and h the same way. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
 groups of that many tokens or more use weights requantized by the same rule (WQ + WR
 summed first for critical gate/up), and so does their reference.
 """
@@ -31,7 +31,7 @@ def wq_x(x):
 
 
 def z_x(x):
-    return o.q8_activations(x, 31)
+    return o.q8_activations(x, kernels.isa_info()["wq_z_levels"])
 
 
 def wr_x(x):
@@ -75,7 +75,7 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
                 down = ("d4", L["down4"][e], F) if crit else ("wq", L["down_q"][e], F)
                 out[t] += wts[t, j] * (w8(down) @ o.q8_activations(h))
                 continue
-            # non-critical rows outside the int8 GEMM run WQ on 6-bit z activations where they exist
+            # non-critical rows outside the int8 GEMM run WQ on z activations where they exist
             ax = z_x if (not crit and kernels.isa_info()["wq_z"]) else wq_x
             xq = ax(x[t]).astype(np.float64)
             xr = wr_x(x[t]).astype(np.float64)
@@ -229,17 +229,19 @@ def _paths():
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx2-novnni", "avx512", "avx512-novbmi", "avx512-novnni"])
 def test_kernels_every_isa_path(isa):
     # avx512-novbmi / -novnni: AVX-512 without VBMI / without VNNI and VBMI (WR by the AVX2 kernel);
-    # avx2: with AVX-VNNI where the CPU has it (z activations), avx2-novnni: without
+    # avx2: with AVX-VNNI where the CPU has it (6-bit z activations), avx2-novnni: without (5-bit)
     path = isa.split("-")[0]
     if path not in _paths():
         pytest.skip(f"this CPU cannot run {isa}")
     info = kernels.isa_info()
-    z = not isa.endswith("novnni") and info["avx512_vnni" if path == "avx512" else "avx_vnni"] and path != "scalar"
+    vnni = not isa.endswith("novnni") and info["avx512_vnni" if path == "avx512" else "avx_vnni"]
+    levels = 0 if path == "scalar" else 31 if vnni else 16
     env = dict(os.environ, RAPIDMOE_ISA=isa)
     code = ("import sys; sys.path.insert(0, %r); import test_resplit_kernels as t; "
             "from rapidmoe.engine import kernels; assert kernels.isa_info()['active'] == %r; "
             "assert kernels.isa_info()['wr_int8'] == %r; assert kernels.isa_info()['wq_z'] == %r; "
-            "t.check_all(1); print('ok')" % (os.path.dirname(__file__), path, path != "scalar", z))
+            "assert kernels.isa_info()['wq_z_levels'] == %r; "
+            "t.check_all(1); print('ok')" % (os.path.dirname(__file__), path, path != "scalar", path != "scalar", levels))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
 

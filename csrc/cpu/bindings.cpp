@@ -38,7 +38,8 @@ py::dict isa_info() {
   d["avx512_vbmi"] = f.avx512vbmi;
   d["avx_vnni"] = f.avxvnni;
   d["wr_int8"] = rmoe::resplit::wr_int8_acts();  // WR kernels run on int8 activations
-  d["wq_z"] = rmoe::resplit::wq_z_acts();  // non-critical decode rows run WQ on 6-bit z activations
+  d["wq_z"] = rmoe::resplit::wq_z_acts();  // non-critical decode rows run WQ on z activations
+  d["wq_z_levels"] = (int)rmoe::resplit::wq_z_levels();  // of L levels (sx = max|x|/L)
   // MoE groups of at least this many tokens take the requantized int8 GEMM (0: no such path here)
   d["i8_gemm_min_tokens"] = rmoe::resplit::i8_gemm_available() ? rmoe::resplit::kI8MinTokens : 0;
   d["avx512_bf16"] = f.avx512bf16;

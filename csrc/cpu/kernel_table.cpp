@@ -20,6 +20,7 @@ KernelTable scalar_path() {
                {row_dot_wq_scalar, row_dot_wr_scalar, row_dot_d4_scalar},
                {nullptr, nullptr, nullptr},
                nullptr,
+               0.f,
                silu_mul_scalar,
                nullptr};
   t.quant = {block_best_scalar, half_encode_scalar, wq_alone_scales_scalar, d4_fit_scalar, nullptr};
@@ -29,7 +30,8 @@ KernelTable scalar_path() {
 
 #if RMOE_X86
 // AVX2 + FMA + F16C. With AVX-VNNI the WQ / WR / D4 row tiles take vpdpbusd (and WQ the
-// z activations); without it WR and D4 have rows kernels that share activation loads.
+// 6-bit z activations); without it WR and D4 have rows kernels that share activation
+// loads, and WQ's z activations have 5 bits (maddubs).
 KernelTable avx2_path(const CpuFeatures& f) {
   const bool vnni = f.avxvnni;
   KernelTable t{};
@@ -47,7 +49,8 @@ KernelTable avx2_path(const CpuFeatures& f) {
   t.resplit.rows_dot[0] = vnni ? rows_dot_wq_avxvnni : rows_dot_wq_avx2;
   t.resplit.rows_dot[1] = vnni ? nullptr : rows_dot_wr_avx2;
   t.resplit.rows_dot[2] = vnni ? nullptr : rows_dot_d4_avx2;
-  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avxvnni : nullptr;
+  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avxvnni : rows_dot_wq_z_avx2;
+  t.resplit.wq_z_levels = vnni ? 31.f : 16.f;
   t.resplit.silu_mul = silu_mul_avx2;
   t.resplit.i8 = i8_isa_avx2();
   t.quant = {block_best_avx2, half_encode_avx2, wq_alone_scales_avx2, d4_fit_avx2, d4_fit8_avx2};
@@ -77,7 +80,8 @@ KernelTable avx512_path(const CpuFeatures& f) {
   t.resplit.rows_dot[0] = vnni ? rows_dot_wq_avx512vnni : nullptr;
   t.resplit.rows_dot[1] = vbmi ? rows_dot_wr_vbmi : rows_dot_wr_avx2;
   t.resplit.rows_dot[2] = vbmi ? rows_dot_d4_vbmi : nullptr;
-  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avx512vnni : nullptr;
+  t.resplit.rows_dot_wq_z = vnni ? rows_dot_wq_z_avx512vnni : rows_dot_wq_z_avx2;
+  t.resplit.wq_z_levels = vnni ? 31.f : 16.f;
   t.resplit.silu_mul = silu_mul_avx512;
   t.resplit.i8 = vnni ? i8_isa_avx512() : i8_isa_avx2();
   t.quant = {block_best_avx2, half_encode_avx2, wq_alone_scales_avx2, d4_fit_avx2, d4_fit8_avx2};

@@ -348,7 +348,8 @@ def dequantize_d4(q: np.ndarray, n: int) -> np.ndarray:
 def q8_activations(x: np.ndarray, levels: int = 127) -> np.ndarray:
     """x as the SIMD WQ and D4 kernels see it: per 32 values sx*rint(x*L/max|x|), sx = max|x|/L.
 
-    L = 127 (int8); 31 for the z activations of non-critical decode rows (isa_info()["wq_z"]).
+    L = 127 (int8); for the z activations of non-critical decode rows (isa_info()["wq_z"]),
+    31 with VNNI and 16 without (isa_info()["wq_z_levels"]).
     """
     x = np.asarray(x, np.float32)
     n = x.shape[-1]

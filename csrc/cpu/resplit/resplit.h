@@ -93,18 +93,22 @@ void rows_dot_wq_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, cons
 void rows_dot_wr_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // + AVX-512 w/o VBMI
 void rows_dot_d4_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // no AVX-VNNI
 // Non-critical experts' rows outside the int8 GEMM (all of decode) run WQ on coarser
-// "z" activations where AVX-512 VNNI or AVX2 + AVX-VNNI is (wq_z_acts()): per 32 values
-// sx = max|x|/31, xq = rint(x/sx) (6 bits), stored as z_j = 3 xq_j - xq_{j-1} over the
-// 6 digit states (|z| <= 124), so the kernel takes 6 byte products per weight byte
-// instead of 10. WQ's own error (~0.2 of the
-// weight's energy) dwarfs the ~1e-3 of the 6-bit rounding; critical rows keep int8.
+// "z" activations on the SIMD paths (wq_z_acts()): per 32 values sx = max|x|/L,
+// xq = rint(x/sx), stored as z_j = 3 xq_j - xq_{j-1} over the 6 digit states, so the
+// kernel takes 6 byte products per weight byte instead of 10 (VNNI) or instead of 5
+// extracted digits (maddubs). L = wq_z_levels(): 31 (6 bits, |z| <= 124) where
+// vpdpbusd is (AVX-512 VNNI, AVX-VNNI), 16 (5 bits, |z| <= 64) where maddubs sums the
+// pairs in 16 bits. WQ's own error (~0.2 of the weight's energy) dwarfs the ~1e-3
+// (6 bits) or ~4e-3 (5 bits) of the rounding; critical rows keep int8.
 //   per 8 blocks 128 floats: int8 z[6][8 blocks][8 lanes] (lanes as the int8 layout),
 //   float sx[16] (lanes 2b, 2b+1 = sx_b), float c[16] (lane 2b = sx_b * sum(xq_b)).
 bool wq_z_acts();
+float wq_z_levels();
 size_t prep_floats_wq_z(size_t n);
 void prep_wq_z(const float* x /*[n]*/, size_t n, float* out /*[prep_floats_wq_z]*/);
 void rows_dot_wq_z_avx512vnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // VNNI only
 void rows_dot_wq_z_avxvnni(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // AVX-VNNI only
+void rows_dot_wq_z_avx2(const uint8_t* rows, size_t rb, size_t nr, size_t nb, const float* xp, float* y);  // no VNNI: L = 16
 bool wr_int8_acts();  // the SIMD paths (AVX2 and up) run WR on int8 activations
 // Kernels that need AVX-512 VBMI and VNNI (resplit_vbmi.cpp): WR by byte-table lookups,
 // and D4 with its blocks gathered by byte permutes.
@@ -252,6 +256,7 @@ struct Kernels {
   RowDotFn row_dot[3];
   RowsDotFn rows_dot[3];    // null where the ISA has no rows kernel for the format
   RowsDotFn rows_dot_wq_z;  // null: no z activations (wq_z_acts() is false)
+  float wq_z_levels;        // L of the z activations rows_dot_wq_z takes
   void (*silu_mul)(const float* g, const float* u, size_t n, float* h);
   const I8Isa* i8;  // null: no int8 prefill GEMM
 };

@@ -122,16 +122,19 @@ bool wr_int8_acts() { return int8_acts(); }
 
 bool wq_z_acts() { return kernels().resplit.rows_dot_wq_z != nullptr; }
 
+float wq_z_levels() { return kernels().resplit.wq_z_levels; }
+
 size_t prep_floats_wq_z(size_t n) { return ((n + 31) / 32 + 7) / 8 * 128; }
 
 void prep_wq_z(const float* x, size_t n, float* out) {
   const size_t nb = (n + 31) / 32;
   std::memset(out, 0, prep_floats_wq_z(n) * sizeof(float));
   const auto q8 = kernels().resplit.q8_block;
+  const float levels = wq_z_levels();
   for (size_t b = 0; b < nb; ++b) {
     int8_t q[32];
     float sx;
-    const int sum = q8(x + 32 * b, n - 32 * b, q, &sx, 31.f);
+    const int sum = q8(x + 32 * b, n - 32 * b, q, &sx, levels);
     float* g = out + (b / 8) * 128;
     int8_t* z = reinterpret_cast<int8_t*>(g) + (b % 8) * 8;
     for (int j = 0; j < 7; ++j) {  // lane j: x of digit i (lane 7 and lane 6 from digit 2 on are 0)

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "resplit/resplit_tiles_avx2.h"
+#include "resplit/resplit_wq_states.h"
 
 #include <cfloat>
 #include <cmath>
@@ -238,6 +239,23 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
 
 void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
   for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
+}
+
+namespace {
+// The z activations' state sums by maddubs + madd: 5-bit x keeps |z| <= 64, so a pair
+// sum (<= 2 * 255 * 64) does not saturate.
+RMOE_INLINE __m256i dp_maddubs(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+RMOE_WQ_STATE_OPS(YmmMaddubs, __m256i, _mm256, _mm256_setzero_si256, dp_maddubs)
+}  // namespace
+
+// Non-critical WQ rows on z activations without VNNI (6 byte products per weight byte
+// instead of the int8 kernel's 5 digits), rows in pairs.
+void rows_dot_wq_z_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  size_t r = 0;
+  for (; r + 2 <= nr; r += 2) wq_rows_ymm<YmmMaddubs, 2, true>(q + r * rb, rb, nb, xp, y + r);
+  if (r < nr) wq_rows_ymm<YmmMaddubs, 1, true>(q + r * rb, rb, nb, xp, y + r);
 }
 
 namespace {
