@@ -205,7 +205,7 @@ def test_a_plan_that_does_not_fit_is_refused_before_converting(files, tmp_path):
     from rapidmoe.engine.pack.convert import pack_path
 
     # a model no test converted before (packs are keyed by content, not path)
-    src = write_synthetic(tmp_path / "fresh.gguf", "qwen3moe", seed=4, dtype="f16")
+    src = write_synthetic(tmp_path / "fresh.gguf", "qwen3moe", seed=14, dtype="f16")  # a seed no other test uses
     r = cli("-m", str(src), "-p", "hi", "--mode", "gpu-residual", "--vram-budget", "0.5", env=STANDIN)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
