@@ -261,33 +261,55 @@ constexpr size_t kTokTile = 16;
 }
 
 void run_jobs(const GemmJob* jobs, size_t nj) {
+  struct Plan {  // a job's constants, worked out once rather than per work item
+    size_t groups, nb, rb, pf, tt;
+    RowsDotFn rows;  // takes one token (z: every token of the slot, one at a time)
+    RowDotFn one;
+  };
+  std::vector<Plan> plan(nj);
   std::vector<size_t> start(nj + 1, 0);  // work items: (job, slot, group of kRowGroup output rows)
-  for (size_t j = 0; j < nj; ++j) start[j + 1] = start[j] + jobs[j].S * ((jobs[j].out_dim + kRowGroup - 1) / kRowGroup);
+  for (size_t j = 0; j < nj; ++j) {
+    const GemmJob& g = jobs[j];
+    Plan& p = plan[j];
+    p.groups = (g.out_dim + kRowGroup - 1) / kRowGroup;
+    p.nb = (g.in_dim + (g.fmt == Fmt::WR ? 64 : 32) - 1) / (g.fmt == Fmt::WR ? 64 : 32);
+    p.rb = row_bytes(g.fmt, g.in_dim);
+    p.pf = g.z ? prep_floats_wq_z(g.in_dim) : prep_floats(g.fmt, g.in_dim);
+    p.one = row_dot_fn(g.fmt);
+    p.rows = g.z ? kernels().resplit.rows_dot_wq_z : rows_dot_fn(g.fmt);
+    p.tt = g.z ? 1 : g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
+    start[j + 1] = start[j] + g.S * p.groups;
+  }
   parallel_for(start[nj], [&](size_t begin, size_t end, int) {
     float tmp[kTokTile * kRowGroup];
     size_t j = 0;
     for (size_t it = begin; it < end; ++it) {
       while (it >= start[j + 1]) ++j;
       const GemmJob& g = jobs[j];
-      const size_t groups = (g.out_dim + kRowGroup - 1) / kRowGroup;
-      const size_t local = it - start[j], s = local / groups, o0 = (local % groups) * kRowGroup;
+      const Plan& p = plan[j];
+      const size_t local = it - start[j], s = local / p.groups, o0 = (local - s * p.groups) * kRowGroup;
       const size_t no = std::min(kRowGroup, g.out_dim - o0);
       const size_t nt = (size_t)std::max<int64_t>(g.ntok[s], 0);
       if (nt == 0) continue;
-      const size_t bl = g.fmt == Fmt::WR ? 64 : 32, nb = (g.in_dim + bl - 1) / bl;
-      const size_t rb = row_bytes(g.fmt, g.in_dim), pf = g.z ? prep_floats_wq_z(g.in_dim) : prep_floats(g.fmt, g.in_dim);
-      const uint8_t* w = g.W + ((size_t)g.ids[s] * g.out_dim + o0) * rb;
-      const float* xs = g.xp + (size_t)g.xoff[s] * pf;
+      const uint8_t* w = g.W + ((size_t)g.ids[s] * g.out_dim + o0) * p.rb;
+      const float* xs = g.xp + (size_t)g.xoff[s] * p.pf;
       float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o0;
-      // Rows kernels take one token (z: every token of the slot, one at a time).
-      const RowsDotFn rows = g.z ? kernels().resplit.rows_dot_wq_z : nt == 1 ? rows_dot_fn(g.fmt) : nullptr;
-      const RowDotFn one = row_dot_fn(g.fmt);
-      const size_t tt = rows ? 1 : g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
+      const RowsDotFn rows = g.z || nt == 1 ? p.rows : nullptr;
+      if (rows && nt == 1) {  // decode: straight into y
+        if (!g.accumulate) {
+          rows(w, p.rb, no, p.nb, xs, ys);
+          continue;
+        }
+        rows(w, p.rb, no, p.nb, xs, tmp);
+        for (size_t o = 0; o < no; ++o) ys[o] += tmp[o];
+        continue;
+      }
+      const size_t tt = rows ? 1 : p.tt;
       for (size_t t0 = 0; t0 < nt; t0 += tt) {  // tmp holds [rows][tokens]
         const size_t tn = std::min(tt, nt - t0);
-        if (rows) rows(w, rb, no, nb, xs + t0 * pf, tmp);
+        if (rows) rows(w, p.rb, no, p.nb, xs + t0 * p.pf, tmp);
         else
-          for (size_t o = 0; o < no; ++o) one(w + o * rb, nb, xs + t0 * pf, pf, tn, tmp + o * tn, 1);
+          for (size_t o = 0; o < no; ++o) p.one(w + o * p.rb, p.nb, xs + t0 * p.pf, p.pf, tn, tmp + o * tn, 1);
         for (size_t o = 0; o < no; ++o)
           for (size_t t = 0; t < tn; ++t) {
             float& dst = ys[(t0 + t) * g.out_dim + o];
