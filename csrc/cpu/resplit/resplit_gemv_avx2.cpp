@@ -8,7 +8,6 @@
 #include <immintrin.h>
 
 #include "resplit/resplit_tiles_avx2.h"
-#include "resplit/resplit_wq_states.h"
 
 #include <cfloat>
 #include <cmath>
@@ -152,14 +151,20 @@ void d4_pair(const uint8_t* qa, const uint8_t* qb, size_t nb, const float* xp, f
   y[1] = h2f(qb[0] | (qb[1] << 8)) * s[1] - h2f(qb[2] | (qb[3] << 8)) * s[3];
 }
 
-// WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2): the rows share each
-// activation register. A row's int16 sums of a step (4 blocks) widen by one madd to two
-// int32 lanes per block; rows 2j and 2j+1 then meet by blends and one in-lane swap
+// WQ decode GEMV (one token), 4 rows at once (rows_dot_wq_avx2, rows_dot_wq_z_avx2):
+// the rows share each activation register. Int8 activations (Z = false): a row's 5
+// digits times x sum in int16 (maddubs) and widen by one madd to two int32 lanes per
+// block. Z activations (Z = true): the row's 6 digit states u_j times z_j
+// (resplit_wq_states.h), each pair sum widened by its own madd (they would overflow
+// int16 together). Rows 2j and 2j+1 then meet by blends and one in-lane swap
 // (horizontal adds cost several shuffles here): lanes [r0 b0, r1 b0, r0 b1, r1 b1 |
 // r0 b2, r1 b2, r0 b3, r1 b3], where one float conversion, activation scale and
 // accumulate serve both rows. The 4 rows' block scales are gathered by pshufb into the
 // same lanes. Rows past nr repeat the last row (their sums unused).
+template <bool Z>
 void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
+  constexpr int S = Z ? 6 : 5;         // activation registers per 4 blocks
+  constexpr size_t G = Z ? 128 : 112;  // floats per 8 blocks: S * 16, then sx[16], c[16]
   const __m256i keep = _mm256_set1_epi64x(0x00F0FFFFFFFFFFFFll);  // trit bytes, byte 6 high nibble
   const __m256i bias = _mm256_set1_epi8((char)0x80), ones16 = _mm256_set1_epi16(1);
   const __m256i lo4 = _mm256_set1_epi16(0xF), hi8 = _mm256_set1_epi16(0x7F80);
@@ -180,28 +185,36 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
   __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   // One step: blocks b..b+3 of each row at src[k] (zero padded past the row).
   auto step = [&](size_t b, const uint8_t* const* src) __attribute__((always_inline)) {
-    const float* g = xp + (b / 8) * 112 + 8 * ((b % 8) / 4);  // this half of the 8-block group
+    const float* g = xp + (b / 8) * G + 8 * ((b % 8) / 4);  // this half of the 8-block group
     __m256i v[4], acc[4], w = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[k]));
       w = _mm256_or_si256(w, _mm256_shuffle_epi8(raw, gather[k]));
-      v[k] = _mm256_xor_si256(_mm256_and_si256(raw, keep), bias);
+      v[k] = Z ? _mm256_and_si256(raw, keep) : _mm256_xor_si256(_mm256_and_si256(raw, keep), bias);
     }
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < S; ++i) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 * i));
       for (int k = 0; k < 4; ++k) {
-        const __m256i p = _mm256_maddubs_epi16(digits.next(v[k]), x);
-        acc[k] = i == 0 ? p : _mm256_add_epi16(acc[k], p);
+        if constexpr (Z) {  // state u_i (u_0: the bytes), int32 sums
+          if (i) v[k] = _mm256_add_epi8(v[k], _mm256_add_epi8(v[k], v[k]));
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(v[k], x), ones16);
+          acc[k] = i == 0 ? p : _mm256_add_epi32(acc[k], p);
+        } else {
+          const __m256i p = _mm256_maddubs_epi16(digits.next(v[k]), x);
+          acc[k] = i == 0 ? p : _mm256_add_epi16(acc[k], p);
+        }
       }
     }
     // f16 scale bits (b6 & 15) << 3 | b7 << 7 of w = b6 | b7 << 8; then qword j of each
     // lane holds rows 2j, 2j+1: vpermq puts rows 0, 1 in the low half, rows 2, 3 in the high
     w = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, lo4), 3), _mm256_and_si256(_mm256_srli_epi16(w, 1), hi8));
     w = _mm256_permute4x64_epi64(w, 0xD8);
-    const __m256 sx = _mm256_loadu_ps(g + 80);                      // lanes 2b, 2b+1: sx of block b
-    const __m256 c = _mm256_moveldup_ps(_mm256_loadu_ps(g + 96));  // lane 2b: sx_b * sum(x_b)
+    __m256 sx = _mm256_loadu_ps(g + 16 * S);                           // lanes 2b, 2b+1: sx of block b
+    if (Z) sx = _mm256_mul_ps(sx, _mm256_set1_ps(1.0f / 256.0f));       // the state sums are 256 x the digit sums
+    const __m256 c = _mm256_moveldup_ps(_mm256_loadu_ps(g + 16 * S + 16));  // lane 2b: sx_b * sum(x_b)
     for (int j = 0; j < 2; ++j) {
-      const __m256i a0 = _mm256_madd_epi16(acc[2 * j], ones16), a1 = _mm256_madd_epi16(acc[2 * j + 1], ones16);
+      const __m256i a0 = Z ? acc[2 * j] : _mm256_madd_epi16(acc[2 * j], ones16);
+      const __m256i a1 = Z ? acc[2 * j + 1] : _mm256_madd_epi16(acc[2 * j + 1], ones16);
       const __m256i s = _mm256_add_epi32(_mm256_blend_epi32(a0, a1, 0xAA),
                                          _mm256_shuffle_epi32(_mm256_blend_epi32(a1, a0, 0xAA), 0xB1));
       const __m256 dq = _mm256_cvtph_ps(j ? _mm256_extracti128_si256(w, 1) : _mm256_castsi256_si128(w));
@@ -238,24 +251,13 @@ void wq_rows4(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp
 }  // namespace
 
 void rows_dot_wq_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
-  for (size_t r = 0; r < nr; r += 4) wq_rows4(q + r * rb, rb, nr - r, nb, xp, y + r);
+  for (size_t r = 0; r < nr; r += 4) wq_rows4<false>(q + r * rb, rb, nr - r, nb, xp, y + r);
 }
 
-namespace {
-// The z activations' state sums by maddubs + madd: 5-bit x keeps |z| <= 64, so a pair
-// sum (<= 2 * 255 * 64) does not saturate.
-RMOE_INLINE __m256i dp_maddubs(__m256i acc, __m256i u, __m256i s) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-RMOE_WQ_STATE_OPS(YmmMaddubs, __m256i, _mm256, _mm256_setzero_si256, dp_maddubs)
-}  // namespace
-
-// Non-critical WQ rows on z activations without VNNI (6 byte products per weight byte
-// instead of the int8 kernel's 5 digits), rows in pairs.
+// Non-critical WQ rows on 5-bit z activations without VNNI: |z| <= 64 keeps a maddubs
+// pair sum (<= 2 * 255 * 64) from saturating.
 void rows_dot_wq_z_avx2(const uint8_t* q, size_t rb, size_t nr, size_t nb, const float* xp, float* y) {
-  size_t r = 0;
-  for (; r + 2 <= nr; r += 2) wq_rows_ymm<YmmMaddubs, 2, true>(q + r * rb, rb, nb, xp, y + r);
-  if (r < nr) wq_rows_ymm<YmmMaddubs, 1, true>(q + r * rb, rb, nb, xp, y + r);
+  for (size_t r = 0; r < nr; r += 4) wq_rows4<true>(q + r * rb, rb, nr - r, nb, xp, y + r);
 }
 
 namespace {
