@@ -94,6 +94,9 @@ def add_placement_arguments(p) -> None:
                    help="fraction of experts whose W_Q is cached in VRAM (default: as many as fit)")
     p.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
                    help=f"KV cache type (default {DEFAULT_KV_TYPE}; q8_0 halves it again, f32 is exact)")
+    p.add_argument("--critical-from", choices=("auto", "source", "pack"), default="auto",
+                   help="CPU plans: run the critical experts from the model file's own tensors (exact to it; "
+                        "the file must stay) or from the pack's residuals (default: the file where DRAM holds it)")
 
 
 def plan_request(args):
@@ -106,7 +109,8 @@ def plan_request(args):
     return PlanRequest(vram_budget=int(args.vram_budget * GiB) if args.vram_budget else None,
                        dram_budget=int(args.dram_budget * GiB) if args.dram_budget else None,
                        gpus=tuple(args.gpus) if args.gpus is not None else None, mode=args.mode,
-                       cache_fraction=args.cache_fraction, kv_type=args.kv_type)
+                       cache_fraction=args.cache_fraction, kv_type=args.kv_type,
+                       critical_from=None if args.critical_from == "auto" else args.critical_from)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

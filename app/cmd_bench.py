@@ -47,7 +47,8 @@ def _placement_argv(args) -> list[str]:
     """The placement flags again, for the child process of each setting."""
     out = []
     for flag, v in (("--vram-budget", args.vram_budget), ("--dram-budget", args.dram_budget),
-                    ("--mode", args.mode), ("--cache-fraction", args.cache_fraction), ("--kv-type", args.kv_type)):
+                    ("--mode", args.mode), ("--cache-fraction", args.cache_fraction), ("--kv-type", args.kv_type),
+                    ("--critical-from", args.critical_from)):
         if v is not None:
             out += [flag, str(v)]
     if args.gpus is not None:

@@ -71,6 +71,12 @@ def ggml_row_bytes(qtype: int, k: int) -> int:
     return int(_cpu.ggml_row_bytes(int(qtype), int(k)))
 
 
+def ggml_int8_gemv(qtype: int, k: int) -> bool:
+    """Rows of k weights of this type run the int8-activation GEMV on this CPU (what the
+    residual split's critical experts need to run from the source file)."""
+    return bool(_cpu.ggml_int8_gemv(int(qtype), int(k)))
+
+
 def ggml_dequantize(raw: np.ndarray, qtype: int, n: int) -> np.ndarray:
     """Tensor bytes (any shape/dtype, C-contiguous) holding n weights -> float32 [n].
     Bit-exact with gguf.quants.dequantize."""
@@ -135,6 +141,12 @@ def ggml_operand(w) -> tuple[np.ndarray, int]:
     return _as_bytes(w.detach().numpy()), 0  # GGML type F32
 
 
+def source_experts(gate, up, down) -> tuple:
+    """The source file's stacked experts (QWeight [E, rows, in] each) as the MoE kernels'
+    `source` takes them: ((rows [E * rows, row_bytes], type) for gate, up, down)."""
+    return tuple((_as_bytes(w.raw).reshape(-1, w.raw.shape[-1]), int(w.qtype)) for w in (gate, up, down))
+
+
 def decode_attn_block(x: np.ndarray, norm_w: np.ndarray, norm_eps: float, wq, wk, wv, wo, bq, bk, bv,
                       kc: np.ndarray, vc: np.ndarray, pos: int, n_head: int, cos: np.ndarray, sin: np.ndarray,
                       rope_dim: int, neox: bool, q_norm, k_norm, eps: float, scale: float,
@@ -179,17 +191,19 @@ def route(logits: np.ndarray, k: int, sigmoid: bool, norm_topk: bool, scale: flo
 def decode_moe_block(h: np.ndarray, norm_w: np.ndarray, eps: float, router, k: int, sigmoid: bool,
                      norm_topk: bool, scale: float, fixed: int, ab: float, theta: float, r_min: int, r_max: int,
                      gate_q, up_q, down_q, gate_r=None, up_r=None, down4=None, shared_gate=None, shared_up=None,
-                     shared_down=None, shared_gate_inp=None, bias=None, n_groups: int = 0, n_group_used: int = 0):
+                     shared_down=None, shared_gate_inp=None, bias=None, n_groups: int = 0, n_group_used: int = 0,
+                     source=None):
     """h [H] + the routed residual-split experts of rms_norm(h) for one decode token,
     plus a shared expert where shared_gate/up/down (ggml_operand pairs [F, H], [F, H],
     [H, F]) are given, weighted by sigmoid(shared_gate_inp [H] . x) where that is. The
     router selects as route (bias, n_groups, n_group_used); the critical experts are the
     r of the largest weights. fixed >= 0: r = min(fixed, k); fixed < 0: UMIA, r = clip(
     leading run of ab * w_j > theta, r_min, min(r_max, k)), w sorted descending. router: a
-    ggml_operand pair [E, H]. -> (out [H], ids [k] int32, weights [k], r)."""
+    ggml_operand pair [E, H]. source: the critical experts run from these (source_experts)
+    instead of gate_r/up_r/down4. -> (out [H], ids [k] int32, weights [k], r)."""
     return _cpu.decode_moe_block(_f32(h), _f32(norm_w), float(eps), router, int(k), bool(sigmoid), bool(norm_topk),
                                  float(scale), int(fixed), float(ab), float(theta), int(r_min), int(r_max),
-                                 gate_q, up_q, down_q, gate_r, up_r, down4, shared_gate, shared_up, shared_down,
+                                 gate_q, up_q, down_q, gate_r, up_r, down4, source, shared_gate, shared_up, shared_down,
                                  None if shared_gate_inp is None else _f32(shared_gate_inp),
                                  None if bias is None else _f32(bias), int(n_groups), int(n_group_used))
 
@@ -246,16 +260,17 @@ def resplit_expert_matmul(fmt: str, w: np.ndarray, in_dim: int, ids: np.ndarray,
 def resplit_moe_forward(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, ncrit: np.ndarray,
                         gate_q: np.ndarray, up_q: np.ndarray, down_q: np.ndarray,
                         gate_r: np.ndarray | None = None, up_r: np.ndarray | None = None,
-                        down4: np.ndarray | None = None) -> np.ndarray:
+                        down4: np.ndarray | None = None, source=None) -> np.ndarray:
     """Split execution of one MoE layer on the CPU -> out [T, H].
 
     x [T, H]; ids, weights [T, k]; ncrit [T]: the first ncrit[t] slots of token t
     are critical (gate/up = WQ + WR, down from D4), the others use WQ only.
     gate_q/up_q [E, F, rb(wq,H)], down_q [E, H, rb(wq,F)], gate_r/up_r [E, F, rb(wr,H)],
-    down4 [E, H, rb(d4,F)].
+    down4 [E, H, rb(d4,F)]. source (source_experts): the critical experts run from the
+    source file's tensors instead (gate/up/down in the file's types, int8 activations).
     """
     u8 = lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.uint8)  # noqa: E731
     return _cpu.resplit_moe_forward(
         np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int32),
         np.ascontiguousarray(weights, dtype=np.float32), np.ascontiguousarray(ncrit, dtype=np.int32),
-        u8(gate_q), u8(up_q), u8(down_q), u8(gate_r), u8(up_r), u8(down4))
+        u8(gate_q), u8(up_q), u8(down_q), u8(gate_r), u8(up_r), u8(down4), source)

@@ -96,15 +96,19 @@ def load_model(spec: str | os.PathLike | None, n_ctx: int | None = None, progres
         p, hw = _plan(gguf, path, ctx, placement or PlanRequest())
     else:  # full precision allocates too (KV cache, f32 copies): the same refusal before any of it
         check_full_precision(gguf, cfg, ctx, kv_type, placement.dram_budget if placement else None)
-    policy = _split_policy(cfg, critical, log, path, p.mode if p else None, gguf) if critical is not None else None
+    policy = _split_policy(cfg, critical, log, path, p, gguf) if critical is not None else None
+    source = None
     if policy is not None:
         pack = open_pack(gguf, progress=progress, log=log)  # the source stays open once, for all of it
-        gguf.close()
+        if p.mode == "cpu" and p.critical_from == "source":
+            source = Weights(gguf)  # the critical experts run from the file's own tensors
+        else:
+            gguf.close()
         gguf = pack
     elif placement is not None and placement.mode not in (None, "cpu"):
         raise UserError(f"a {placement.mode} plan places the residual split: it needs a critical-set policy, "
                         "not full precision")
-    W = Weights(gguf, is_pack=policy is not None)
+    W = Weights(gguf, is_pack=policy is not None, source=source)
 
     def layer_progress(done, total):
         if progress:
@@ -163,13 +167,13 @@ def _gpu_step(net, policy, p, hw, progress, kv_type: str):
     return runner, p.describe(standin)
 
 
-def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, mode: str | None, gguf):
+def _split_policy(cfg: ModelConfig, critical: int | str, log, path: Path, p, gguf):
     if not cfg.n_expert:
         if log:
             log("this model has no routed experts: running it in full precision")
         return None
     if critical == "auto":
-        profile = load_profile(path, cfg, mode, log, gguf)
+        profile = load_profile(path, cfg, p.mode if p else None, log, gguf, p.critical_from if p else "pack")
         if log and profile.source != "calibrated":
             log("UMIA: default profile (`rapidmoe-chat calibrate` fits one to this model and machine)")
         return UmiaPolicy(profile, cfg.n_expert_used)

@@ -52,11 +52,12 @@ class QWeight:
 class Weights:
     """Access to a model's tensors by name with llama.cpp's expected shapes."""
 
-    def __init__(self, gguf: GGUFFile, is_pack: bool = False):
+    def __init__(self, gguf: GGUFFile, is_pack: bool = False, source: "Weights | None" = None):
         self.gguf = gguf
         self.path = str(gguf.path)
         self.used: set[str] = set()
         self.is_pack = is_pack  # gguf is a residual-split pack
+        self.source = source  # a pack's: the source file, where the critical experts run from it
 
     def pack_part(self, name: str, n_expert: int, rows: int) -> np.ndarray:
         """A pack's byte tensor as a zero-copy uint8 view [E, rows, row_bytes]."""

@@ -76,7 +76,8 @@ def ours(path: Path, setting: str, threads: int, n_prompt: int, n_gen: int, dept
          kv_type: str = "f16") -> list[dict]:
     cmd = [sys.executable, "-m", "rapidmoe.app.cli", "bench", "-m", str(path), "--threads", str(threads),
            "-p", str(n_prompt), "-n", str(n_gen), "-d", str(depth), "--kv-type", kv_type, "--json"]
-    cmd += ["--precision", "full"] if setting == "full" else ["--critical", setting]
+    r, _, source = setting.partition(":")  # "8:pack", "8:source": where the critical experts come from
+    cmd += ["--precision", "full"] if r == "full" else ["--critical", r, "--critical-from", source or "auto"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
@@ -84,7 +85,8 @@ def ours(path: Path, setting: str, threads: int, n_prompt: int, n_gen: int, dept
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--critical", default="8,2,0")
+    ap.add_argument("--critical", default="8,2,0",
+                    help="settings, comma-separated: r, r:source or r:pack (where critical experts come from), full")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)

@@ -271,11 +271,15 @@ def synth_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("chain")
     cache = {}
 
-    def get(arch, critical, kv_type="f16"):
-        key = (arch, critical, kv_type)
+    def get(arch, critical, kv_type="f16", source=False):
+        """source: the experts in Q4_0, the critical ones run from the file's tensors."""
+        key = (arch, critical, kv_type, source)
         if key not in cache:
-            p = write_synthetic(d / f"{arch}.gguf", arch, seed=5, dtype="f32", n_layer=3, n_embd=128, head_dim=32)
-            cache[key] = load_model(p, n_ctx=32, critical=critical, placement=PlanRequest(mode="cpu", kv_type=kv_type))
+            p = write_synthetic(d / f"{arch}-{source}.gguf", arch, seed=5, dtype="f32",
+                                expert_dtype="q4_0" if source else None, n_layer=3, n_embd=128, head_dim=32)
+            cache[key] = load_model(p, n_ctx=32, critical=critical, placement=PlanRequest(
+                mode="cpu", kv_type=kv_type, critical_from="source" if source else "pack"))
+            assert cache[key].plan.critical_from == ("source" if source else "pack")
         return cache[key]
     return get
 
@@ -298,7 +302,19 @@ def block_by_block(net, tok, pos, cache, policy):
 @pytest.mark.parametrize("arch,chained", [("qwen3moe", 3), ("llama_moe", 3), ("olmoe", 3), ("qwen2moe", 3)])
 @pytest.mark.parametrize("critical,kv_type", [(2, "f16"), ("auto", "f16"), ("k", "q8_0")])
 def test_a_decode_token_through_the_chain_is_the_blocks_one_by_one(synth_models, arch, chained, critical, kv_type):
-    m = synth_models(arch, critical, kv_type)
+    chain_matches_blocks(synth_models(arch, critical, kv_type), chained, critical)
+
+
+# critical experts from the source file's own tensors (qwen2moe: beside a gated shared expert)
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+@pytest.mark.parametrize("critical", [2, "k"])
+def test_the_chain_with_critical_experts_from_the_source_is_the_blocks_one_by_one(synth_models, arch, critical):
+    m = synth_models(arch, critical, source=True)
+    assert all(e.source is not None and e.gate_r is None for e in m.runner.split_layers())
+    chain_matches_blocks(m, 3, critical)
+
+
+def chain_matches_blocks(m, chained, critical):
     R = m.runner
     toks = [3, 17, 5, 9, 40, 2, 11]
     chain, blocks = R.new_cache(32), R.new_cache(32)

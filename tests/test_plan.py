@@ -237,6 +237,46 @@ def test_cli_json_schema_refusal_and_no_pack_written(v3_file, tmp_path):
     assert _tree(cache_dir()) == before  # nothing converted, nothing written
 
 
+def test_cpu_plan_runs_critical_experts_from_the_file_where_it_can(a3b_file, tmp_path):
+    """A CPU plan counts the source file's experts instead of W_R + D4 when their types have
+    an int8 kernel and DRAM holds them; else the pack's, saying why; a request is honoured."""
+    s = sizes_of(a3b_file)
+    hw = MACHINES["noGPU+64GB"]
+    with GGUFFile(a3b_file) as g:
+        file_experts = sum(t.nbytes for t in g.tensors.values() if "_exps." in t.name)
+    n = s.n_moe_layers * s.n_expert
+    assert n * s.src_expert_bytes == file_experts
+    src = plan(s, hw, 4096)
+    pack = plan(s, hw, 4096, critical_from="pack")
+    check_consistent(src, hw)
+    assert (src.critical_from, pack.critical_from) == ("source", "pack")
+    names = lambda p: [c.name for c in p.components]  # noqa: E731
+    assert not any("W_R" in c or "D4" in c for c in names(src)) and any("model file" in c for c in names(src))
+    assert any("W_R" in c for c in names(pack)) and not any("model file" in c for c in names(pack))
+    assert src.dram_bytes - pack.dram_bytes == file_experts - n * (s.wr_bytes + s.d4_bytes)
+    assert "critical experts from the model file" in src.describe() and src.to_json()["critical_from"] == "source"
+    # DRAM for the pack's plan but not the file's: the pack's, and a note of what the file would need
+    between = (pack.dram_bytes + src.dram_bytes) // 2
+    auto = plan(s, hw, 4096, dram_budget=between)
+    assert auto.fits and auto.critical_from == "pack" and "would need" in auto.notes[0]
+    forced = plan(s, hw, 4096, dram_budget=between, critical_from="source")
+    assert not forced.fits and forced.critical_from == "source"
+    # GPU plans keep W_R + D4 in DRAM (the GPU computes every expert's W_Q)
+    assert plan(s, MACHINES["24GB+128GB"], 4096).critical_from == "pack"
+    # experts of a type without an int8 kernel (F32 here): never from the file; asking is one line
+    from rapidmoe.engine.synth.model import write_synthetic
+
+    f32 = sizes_of(write_synthetic(tmp_path / "f32.gguf", "qwen3moe", seed=3))
+    assert f32.src_expert_bytes == 0 and plan(f32, hw, 256).critical_from == "pack"
+    with pytest.raises(UserError, match="cannot run from the file"):
+        plan(f32, hw, 256, critical_from="source")
+    rc, out, _ = _cli(["plan", "-m", str(a3b_file), "--hardware", str(_hw_file(tmp_path)), "--mode", "cpu",
+                       "--critical-from", "pack", "--json"])
+    assert rc == 0 and json.loads(out)["critical_from"] == "pack"
+    rc, _, err = _cli(["plan", "-m", str(tmp_path / "f32.gguf"), "--critical-from", "source"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "cannot run from the file" in err
+
+
 def test_cli_on_this_machine_and_bad_input(a3b_file, tmp_path):
     rc, out, err = _cli(["plan", "-m", str(a3b_file), "--ctx", "2048"])
     assert rc in (0, 2) and "KV cache" in out and "W_R" in out

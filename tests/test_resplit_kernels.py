@@ -9,7 +9,9 @@ the bound holds. On the SIMD paths (isa_info()["wq_z"]), non-critical rows outsi
 int8 GEMM run WQ on coarser z activations (sx = max|x|/L, L = isa_info()["wq_z_levels"]:
 31 with VNNI, 16 without), and their reference rounds x and h the same way. Where the int8 GEMM runs (isa_info()["i8_gemm_min_tokens"] > 0), MoE
 groups of that many tokens or more use weights requantized by the same rule (WQ + WR
-summed first for critical gate/up), and so does their reference.
+summed first for critical gate/up), and so does their reference. Critical experts run
+from the source file's tensors (`source`) take the GGUF int8 GEMV's activations (ggml_oracle
+q8: llama.cpp's q8_0 / q8_K per type) for x and h, and their reference does the same.
 """
 import os
 import subprocess
@@ -18,6 +20,9 @@ import sys
 import numpy as np
 import pytest
 
+from gguf import GGMLQuantizationType as G
+
+import ggml_oracle as go
 from rapidmoe.engine import kernels
 from rapidmoe.engine.quant import resplit_oracle as o
 
@@ -52,7 +57,17 @@ def make_layer(rng, E, H, F):
                 down4=kernels.resplit_quantize("d4", down))
 
 
-def moe_reference(L, x, ids, wts, ncrit, H, F):
+def make_source(rng, E, H, F, types):
+    """Source-file experts of GGUF types (gate, up, down): raw [E, rows, rb] each."""
+    return [go.random_tensor(rng, t, E * rows, n).reshape(E, rows, -1)
+            for t, rows, n in zip(types, (F, F, H), (H, H, F))]
+
+
+def source_args(raws, types):
+    return tuple((r.reshape(-1, r.shape[-1]), int(t)) for r, t in zip(raws, types))
+
+
+def moe_reference(L, x, ids, wts, ncrit, H, F, src=None):
     deq = lambda f, q, n: o.dequantize(f, q, n).astype(np.float64)  # noqa: E731
     min_tok = kernels.isa_info()["i8_gemm_min_tokens"]
     groups = {}
@@ -65,9 +80,25 @@ def moe_reference(L, x, ids, wts, ncrit, H, F):
         for j in range(ids.shape[1]):
             e = ids[t, j]
             crit = j < ncrit[t]
+            src_i8 = min_tok and kernels.isa_info()["i8_gemm_source"] and groups[(e, crit)] >= min_tok
+            if crit and src is not None and not src_i8:
+                # the source's tensors on the GGUF int8 GEMV's activations
+                (gr, gt), (ur, ut), (dr, dt) = src
+                xq = lambda v, qt: go.q8(v[None], go.q8_group(qt))[0]  # noqa: E731
+                g = go.oracle(gr[e], gt).astype(np.float64) @ xq(x[t], gt)
+                u = go.oracle(ur[e], ut).astype(np.float64) @ xq(x[t], ut)
+                h = (silu(g) * u).astype(np.float32)
+                out[t] += wts[t, j] * (go.oracle(dr[e], dt).astype(np.float64) @ xq(h, dt))
+                continue
             if min_tok and groups[(e, crit)] >= min_tok:  # requantized int8 GEMM
                 w8 = lambda *parts: o.q8_activations(sum(o.dequantize(*p) for p in parts)).astype(np.float64)  # noqa: E731
                 xq = o.q8_activations(x[t]).astype(np.float64)
+                if crit and src is not None:  # the source's tensors, requantized the same way
+                    (gr, gt), (ur, ut), (dr, dt) = src
+                    q8w = lambda raw, qt: o.q8_activations(go.oracle(raw, qt)).astype(np.float64)  # noqa: E731
+                    h = (silu(q8w(gr[e], gt) @ xq) * (q8w(ur[e], ut) @ xq)).astype(np.float32)
+                    out[t] += wts[t, j] * (q8w(dr[e], dt) @ o.q8_activations(h))
+                    continue
                 res = lambda name: [("wr", L[name][e], H)] if crit else []  # noqa: E731
                 g = w8(("wq", L["gate_q"][e], H), *res("gate_r")) @ xq
                 u = w8(("wq", L["up_q"][e], H), *res("up_r")) @ xq
@@ -92,6 +123,7 @@ def check_all(seed=0):
     rng = np.random.default_rng(seed)
     _check_expert_matmul(rng)
     _check_moe_forward(rng)
+    _check_moe_from_source(rng)
     _check_nan(rng)
 
 
@@ -182,6 +214,46 @@ def _check_moe_forward(rng):
         close(kernels.resplit_moe_forward(x, ids, wts, ncrit, **L), moe_reference(L, x, ids, wts, ncrit, H, F))
 
 
+def _check_moe_from_source(rng):
+    """Critical experts run from the source file's tensors: decode at every critical count,
+    prefill groups on both sides of the int8 GEMM's threshold (above it, where the GEMM takes
+    them, the source's rows requantized as the pack's are), gate and up of different
+    activation layouts; a token's result does not depend on the batch. (Q4_1 / Q5_1 are left
+    out: their min term rounds a product to f16, which q8's reference does not model; the GEMV
+    itself is checked per type in test_ggml_int8.py.)"""
+    for (E, H, F), types in (((5, 256, 256), (G.Q4_K, G.Q4_K, G.Q6_K)), ((4, 256, 512), (G.Q4_K, G.Q8_0, G.Q5_K)),
+                             ((6, 96, 160), (G.Q4_0, G.Q5_0, G.Q8_0))):
+        L = make_layer(rng, E, H, F)
+        raws = make_source(rng, E, H, F, types)
+        src = source_args(raws, types)
+        ref_src = list(zip(raws, types))
+        k = 3
+        x = rng.standard_normal((1, H)).astype(np.float32)
+        ids = rng.permutation(E)[None, :k].astype(np.int32)
+        wts = rng.random((1, k)).astype(np.float32)
+        for r in range(k + 1):
+            nc = np.array([r], np.int32)
+            no_res = dict(L, gate_r=None, up_r=None, down4=None)  # the residuals are not needed
+            out = kernels.resplit_moe_forward(x, ids, wts, nc, **no_res, source=src)
+            close(out, moe_reference(L, x, ids, wts, nc, H, F, ref_src))
+        T = 29
+        x = rng.standard_normal((T, H)).astype(np.float32)
+        first = np.where(np.arange(T) % 7 == 0, rng.integers(0, E, T), 0)  # expert 0 leads most tokens
+        ids = np.array([[f, *rng.permutation(np.delete(np.arange(E), f))[:k - 1]] for f in first], np.int32)
+        wts = rng.random((T, k)).astype(np.float32)
+        for nc in (np.full(T, k, np.int32), rng.integers(0, k + 1, T).astype(np.int32)):
+            out = kernels.resplit_moe_forward(x, ids, wts, nc, **L, source=src)
+            close(out, moe_reference(L, x, ids, wts, nc, H, F, ref_src))
+        # all critical, no group big enough for the int8 GEMM: each token alone gives the
+        # same bits as the batch
+        T = 2
+        nc = np.full(T, k, np.int32)
+        batch = kernels.resplit_moe_forward(x[:T], ids[:T], wts[:T], nc, **L, source=src)
+        alone = np.concatenate([kernels.resplit_moe_forward(x[t:t + 1], ids[t:t + 1], wts[t:t + 1], nc[t:t + 1], **L,
+                                                            source=src) for t in range(T)])
+        np.testing.assert_array_equal(batch, alone)
+
+
 def _check_nan(rng):
     """A NaN activation makes its own row's outputs NaN, an infinite one NaN or infinite
     (the int8 paths make the block's scale NaN, as the GPU and the GGUF int8 GEMV do), and
@@ -255,3 +327,12 @@ def test_moe_forward_rejects_bad_input():
     with pytest.raises(ValueError, match="critical"):
         kernels.resplit_moe_forward(x, np.array([[1]]), np.ones((1, 1)), np.ones(1),
                                     **dict(L, gate_r=None))
+    # the source's experts: a type without an int8 GEMV, or shapes that are not the pack's
+    raws = make_source(rng, 2, 64, 32, (G.Q8_0, G.Q8_0, G.Q8_0))
+    bad_type = list(source_args(raws, (G.Q8_0,) * 3))
+    bad_type[2] = (np.zeros((64, 32 * 2), np.uint8), int(G.F16))
+    with pytest.raises(ValueError, match="source down: its GGUF type has no int8 GEMV"):
+        kernels.resplit_moe_forward(x, np.array([[1]]), np.ones((1, 1)), np.ones(1), **L, source=tuple(bad_type))
+    wrong = source_args(make_source(rng, 3, 64, 32, (G.Q8_0,) * 3), (G.Q8_0,) * 3)  # 3 experts, the pack has 2
+    with pytest.raises(ValueError, match="source gate: expected"):
+        kernels.resplit_moe_forward(x, np.array([[1]]), np.ones((1, 1)), np.ones(1), **L, source=wrong)

@@ -42,6 +42,8 @@ py::dict isa_info() {
   d["wq_z_levels"] = (int)rmoe::resplit::wq_z_levels();  // of L levels (sx = max|x|/L)
   // MoE groups of at least this many tokens take the requantized int8 GEMM (0: no such path here)
   d["i8_gemm_min_tokens"] = rmoe::resplit::i8_gemm_available() ? rmoe::resplit::kI8MinTokens : 0;
+  // ... and so do groups of critical experts run from the source file (else the GGUF int8 GEMV)
+  d["i8_gemm_source"] = rmoe::resplit::i8_gemm_for_source();
   d["avx512_bf16"] = f.avx512bf16;
   d["amx_tile_cpuid"] = f.amx_tile;
   return d;
@@ -67,6 +69,9 @@ PYBIND11_MODULE(_cpu, m) {
   // GGUF tensor types kept in their source format (ggml_*.cpp).
   m.def("ggml_row_bytes", &rmoe::ggml::row_bytes, py::arg("type"), py::arg("k"),
         "bytes of one row of k weights of a GGUF type (0: unsupported type or k not whole blocks)");
+  m.def("ggml_int8_gemv", [](int type, size_t k) { return rmoe::ggml::q8_act_layout(type, k) >= 0; },
+        py::arg("type"), py::arg("k"),
+        "whether rows of k weights of this GGUF type run the int8-activation GEMV here (as llama.cpp's)");
   m.def(
       "ggml_dequantize",
       [](const py::array_t<uint8_t, py::array::c_style>& raw, int type, int64_t n) {

@@ -21,12 +21,17 @@ using I32Array = py::array_t<int32_t, py::array::c_style>;
 using F32Array = py::array_t<float, py::array::c_style>;
 
 // The six expert tensors of a residual-split layer, checked against each other and H;
-// the residual ones (None allowed when no slot is critical) are kept alive here.
+// the residual ones (None allowed when no slot is critical, or when source is given) are
+// kept alive here. source: None, or the source file's experts the critical ones run from,
+// ((gate rows [E*F, rb], GGUF type), (up, as gate), (down rows [E*H, rb], type)), each type
+// one with an int8 GEMV; kept alive in src.
 struct MoeArgs {
   rmoe::resplit::MoeWeights mw{};
   U8Array gr, ur, d4;
+  py::object src;
   MoeArgs(const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q, const py::object& gate_r,
-          const py::object& up_r, const py::object& down4, size_t H, bool any_crit, const std::string& fn);
+          const py::object& up_r, const py::object& down4, const py::object& source, size_t H, bool any_crit,
+          const std::string& fn);
 };
 
 void def_resplit(py::module_& m);  // bindings_resplit.cpp: the WQ/WR/D4 formats, the MoE layer

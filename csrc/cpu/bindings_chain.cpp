@@ -11,12 +11,12 @@ namespace {
 #define RMOE_CHAIN_FFN_PARAMS                                                                                    \
   const py::tuple &router, size_t k, bool sigmoid, bool norm_topk, float rscale, const U8Array &gate_q,          \
       const U8Array &up_q, const U8Array &down_q, const py::object &gate_r, const py::object &up_r,              \
-      const py::object &down4, const py::object &shared_gate, const py::object &shared_up,                       \
-      const py::object &shared_down, const py::object &shared_gate_inp, const py::object &bias, size_t n_groups, \
-      size_t n_group_used
+      const py::object &down4, const py::object &source, const py::object &shared_gate,                          \
+      const py::object &shared_up, const py::object &shared_down, const py::object &shared_gate_inp,             \
+      const py::object &bias, size_t n_groups, size_t n_group_used
 #define RMOE_CHAIN_FFN_ARGS                                                                                      \
-  router, k, sigmoid, norm_topk, rscale, gate_q, up_q, down_q, gate_r, up_r, down4, shared_gate, shared_up,      \
-      shared_down, shared_gate_inp, bias, n_groups, n_group_used
+  router, k, sigmoid, norm_topk, rscale, gate_q, up_q, down_q, gate_r, up_r, down4, source, shared_gate,         \
+      shared_up, shared_down, shared_gate_inp, bias, n_groups, n_group_used
 
 // Consecutive decode blocks whose halves both fuse, run for one token by decode_layers
 // with no Python between them. Everything a block reads (weights, norms, the RoPE
@@ -109,21 +109,21 @@ class DecodeChain {
   void add_ffn(rmoe::DecodeLayer& L, const F32Array& attn_norm, const F32Array& ffn_norm, float eps,
                const F32Array& cos, const F32Array& sin, RMOE_CHAIN_FFN_PARAMS) {
     const size_t H = (size_t)attn_norm.size();
-    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, !gate_r.is_none(), "decode chain");
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, source, H, !gate_r.is_none(), "decode chain");
     const SharedArgs S(shared_gate, shared_up, shared_down, shared_gate_inp, H, "decode chain");
     const auto R = ggml_mat(router, H, "router");
     if (R.rows != M.mw.E) throw py::value_error("decode chain: router rows must be the experts, 0 < k <= E");
     const RouteArgs RA(M.mw.E, k, sigmoid, norm_topk, rscale, bias, n_groups, n_group_used, "decode chain");
     for (const py::object& o : {py::object(attn_norm), py::object(ffn_norm), py::object(cos), py::object(sin),
                                 py::object(router), py::object(gate_q), py::object(up_q), py::object(down_q),
-                                py::object(M.gr), py::object(M.ur), py::object(M.d4)})
+                                py::object(M.gr), py::object(M.ur), py::object(M.d4), M.src})
       keep_.push_back(o);
     keep_.insert(keep_.end(), S.keep.begin(), S.keep.end());
     keep_.push_back(RA.bias);
     L.eps = eps, L.attn_norm = attn_norm.data(), L.cos = cos.data(), L.sin = sin.data(), L.n_pos = (size_t)cos.shape(0);
     L.ffn_norm = ffn_norm.data(), L.router = R, L.rs = RA.rs, L.mw = M.mw, L.sh = S.sh;
     layers_.push_back(L);
-    has_residual_.push_back(M.mw.gate_r != nullptr);
+    has_residual_.push_back(M.mw.gate_r != nullptr || M.mw.from_source());
     H_ = H;
     sum_k_ += k;
   }
@@ -144,8 +144,9 @@ void def_chain(py::module_& m) {
 #define RMOE_CHAIN_FFN_PYARGS                                                                                   \
   py::arg("router"), py::arg("k"), py::arg("sigmoid"), py::arg("norm_topk"), py::arg("rscale"), py::arg("gate_q"), \
       py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(), py::arg("up_r") = py::none(),           \
-      py::arg("down4") = py::none(), py::arg("shared_gate") = py::none(), py::arg("shared_up") = py::none(),      \
-      py::arg("shared_down") = py::none(), py::arg("shared_gate_inp") = py::none(), py::arg("bias") = py::none(), \
+      py::arg("down4") = py::none(), py::arg("source") = py::none(), py::arg("shared_gate") = py::none(),      \
+      py::arg("shared_up") = py::none(), py::arg("shared_down") = py::none(),                                   \
+      py::arg("shared_gate_inp") = py::none(), py::arg("bias") = py::none(),                                    \
       py::arg("n_groups") = 0, py::arg("n_group_used") = 0
       .def("add", &DecodeChain::add, py::arg("attn_norm"), py::arg("ffn_norm"), py::arg("eps"), py::arg("wq"),
            py::arg("wk"), py::arg("wv"), py::arg("wo"), py::arg("bq"), py::arg("bk"), py::arg("bv"), py::arg("kc"),

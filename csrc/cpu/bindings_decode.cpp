@@ -147,13 +147,13 @@ void def_attn(py::module_& m) {
                                bool sigmoid, bool norm_topk, float scale, int fixed, double ab, double theta, int r_min,
                                int r_max, const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
                                const py::object& gate_r, const py::object& up_r, const py::object& down4,
-                               const py::object& shared_gate, const py::object& shared_up,
+                               const py::object& source, const py::object& shared_gate, const py::object& shared_up,
                                const py::object& shared_down, const py::object& shared_gate_inp,
                                const py::object& bias, size_t n_groups, size_t n_group_used) {
     const size_t H = (size_t)h.size();
     if ((size_t)norm_w.size() != H) throw py::value_error("decode_moe_block: norm weight size");
     const bool may_crit = fixed > 0 || (fixed < 0 && r_max > 0);
-    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, may_crit, "decode_moe_block");
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, source, H, may_crit, "decode_moe_block");
     const SharedArgs S(shared_gate, shared_up, shared_down, shared_gate_inp, H, "decode_moe_block");
     const auto R = ggml_mat(router, H, "router");
     if (R.rows != M.mw.E) throw py::value_error("decode_moe_block: router rows must be the experts, 0 < k <= E");
@@ -177,7 +177,8 @@ void def_attn(py::module_& m) {
   }, py::arg("h"), py::arg("norm_w"), py::arg("eps"), py::arg("router"), py::arg("k"), py::arg("sigmoid"),
      py::arg("norm_topk"), py::arg("scale"), py::arg("fixed"), py::arg("ab"), py::arg("theta"), py::arg("r_min"),
      py::arg("r_max"), py::arg("gate_q"), py::arg("up_q"), py::arg("down_q"), py::arg("gate_r") = py::none(),
-     py::arg("up_r") = py::none(), py::arg("down4") = py::none(), py::arg("shared_gate") = py::none(),
+     py::arg("up_r") = py::none(), py::arg("down4") = py::none(), py::arg("source") = py::none(),
+     py::arg("shared_gate") = py::none(),
      py::arg("shared_up") = py::none(), py::arg("shared_down") = py::none(), py::arg("shared_gate_inp") = py::none(),
      py::arg("bias") = py::none(), py::arg("n_groups") = 0, py::arg("n_group_used") = 0,
      "h + routed residual-split experts (and a shared expert, if given) of rms_norm(h) for one decode token -> "

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "ggml/ggml_kernels.h"
 
 namespace rmoe {
 namespace bind {
@@ -23,6 +24,22 @@ std::vector<py::ssize_t> with_last(const py::buffer_info& b, py::ssize_t last) {
   return s;
 }
 
+// One of the source's expert stacks: (uint8 C-contiguous rows [E * rows, row bytes of k
+// weights], GGUF type with an int8 GEMV).
+rmoe::resplit::SrcExperts src_experts(const py::handle& o, size_t E, size_t rows, size_t k, const std::string& what) {
+  const auto bad = [&](const char* why) { return py::value_error(what + ": " + why); };
+  if (!py::isinstance<py::tuple>(o) || o.cast<py::tuple>().size() != 2) throw bad("expected (rows, GGUF type)");
+  const py::tuple t = o.cast<py::tuple>();
+  if (!py::isinstance<py::array_t<uint8_t>>(t[0]) || !(t[0].cast<py::array>().flags() & py::array::c_style))
+    throw bad("rows must be a uint8 C-contiguous array");
+  const auto w = t[0].cast<U8Array>();
+  const int type = t[1].cast<int>();
+  if (rmoe::ggml::q8_act_layout(type, k) < 0) throw bad("its GGUF type has no int8 GEMV here");
+  if (w.ndim() != 2 || (size_t)w.shape(0) != E * rows || (size_t)w.shape(1) != rmoe::ggml::row_bytes(type, k))
+    throw bad("expected [experts * rows, row bytes] matching the pack's experts");
+  return {type, w.data(), (size_t)w.shape(1)};
+}
+
 // Checks W [E, rows, row_bytes(fmt, n)] and returns (E, rows).
 std::pair<size_t, size_t> resplit_check(const U8Array& w, rmoe::resplit::Fmt f, size_t n, const char* what) {
   if (w.ndim() != 3 || (size_t)w.shape(2) != rmoe::resplit::row_bytes(f, n))
@@ -33,7 +50,8 @@ std::pair<size_t, size_t> resplit_check(const U8Array& w, rmoe::resplit::Fmt f, 
 }  // namespace
 
 MoeArgs::MoeArgs(const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q, const py::object& gate_r,
-                 const py::object& up_r, const py::object& down4, size_t H, bool any_crit, const std::string& fn) {
+                 const py::object& up_r, const py::object& down4, const py::object& source, size_t H, bool any_crit,
+                 const std::string& fn) {
   using rmoe::resplit::Fmt;
   if (gate_q.ndim() != 3) throw py::value_error(fn + ": gate_q [E, F, row_bytes]");
   const size_t E = gate_q.shape(0), F = gate_q.shape(1);
@@ -44,7 +62,15 @@ MoeArgs::MoeArgs(const U8Array& gate_q, const U8Array& up_q, const U8Array& down
   chk(gate_q, Fmt::WQ, F, H, "gate_q");
   chk(up_q, Fmt::WQ, F, H, "up_q");
   chk(down_q, Fmt::WQ, H, F, "down_q");
-  if (any_crit) {
+  if (!source.is_none()) {
+    if (!py::isinstance<py::tuple>(source) || source.cast<py::tuple>().size() != 3)
+      throw py::value_error(fn + ": source must be (gate, up, down)");
+    const py::tuple s = source.cast<py::tuple>();
+    mw.gate_s = src_experts(s[0], E, F, H, fn + ": source gate");
+    mw.up_s = src_experts(s[1], E, F, H, fn + ": source up");
+    mw.down_s = src_experts(s[2], E, H, F, fn + ": source down");
+    src = source;
+  } else if (any_crit) {
     if (gate_r.is_none() || up_r.is_none() || down4.is_none())
       throw py::value_error(fn + ": critical slots need gate_r, up_r and down4");
     gr = gate_r.cast<U8Array>();
@@ -54,8 +80,9 @@ MoeArgs::MoeArgs(const U8Array& gate_q, const U8Array& up_q, const U8Array& down
     chk(ur, Fmt::WR, F, H, "up_r");
     chk(d4, Fmt::D4, H, F, "down4");
   }
-  mw = {E, H, F, gate_q.data(), up_q.data(), down_q.data(), any_crit ? gr.data() : nullptr,
-        any_crit ? ur.data() : nullptr, any_crit ? d4.data() : nullptr};
+  const bool res = any_crit && source.is_none();
+  mw.E = E, mw.H = H, mw.F = F, mw.gate_q = gate_q.data(), mw.up_q = up_q.data(), mw.down_q = down_q.data();
+  mw.gate_r = res ? gr.data() : nullptr, mw.up_r = res ? ur.data() : nullptr, mw.down4 = res ? d4.data() : nullptr;
 }
 
 void def_resplit(py::module_& m) {
@@ -134,7 +161,8 @@ void def_resplit(py::module_& m) {
      "where they exist (as non-critical rows of the MoE layer)");
   m.def("resplit_moe_forward", [](const F32Array& x, const I32Array& ids, const F32Array& weights, const I32Array& ncrit,
                                   const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
-                                  const py::object& gate_r, const py::object& up_r, const py::object& down4) {
+                                  const py::object& gate_r, const py::object& up_r, const py::object& down4,
+                                  const py::object& source) {
     if (x.ndim() != 2 || ids.ndim() != 2 || weights.ndim() != 2 || ncrit.ndim() != 1 || ids.shape(0) != x.shape(0) ||
         weights.shape(0) != x.shape(0) || weights.shape(1) != ids.shape(1) || ncrit.shape(0) != x.shape(0))
       throw py::value_error("resplit_moe_forward: x [T,H], ids [T,k], weights [T,k], ncrit [T]");
@@ -144,7 +172,7 @@ void def_resplit(py::module_& m) {
       if (ncrit.data()[t] < 0 || (size_t)ncrit.data()[t] > k) throw py::value_error("resplit_moe_forward: ncrit out of [0, k]");
       any_crit |= ncrit.data()[t] > 0;
     }
-    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, H, any_crit, "resplit_moe_forward");
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, source, H, any_crit, "resplit_moe_forward");
     for (size_t i = 0; i < T * k; ++i)
       if (ids.data()[i] < 0 || (size_t)ids.data()[i] >= M.mw.E) throw py::value_error("resplit_moe_forward: expert id out of range");
     F32Array out({(py::ssize_t)T, (py::ssize_t)H});
@@ -160,7 +188,8 @@ void def_resplit(py::module_& m) {
     return out;
   }, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("ncrit"), py::arg("gate_q"), py::arg("up_q"),
      py::arg("down_q"), py::arg("gate_r") = py::none(), py::arg("up_r") = py::none(), py::arg("down4") = py::none(),
-     "split-execution MoE layer on the CPU -> out [T, H]");
+     py::arg("source") = py::none(),
+     "split-execution MoE layer on the CPU -> out [T, H]; critical experts from source's tensors when given");
 }
 
 }  // namespace bind

@@ -66,8 +66,7 @@ class MoEFFN:
         if self._ops is None:
             e, spec = self.experts, self.spec
             self._ops = dict(router=kernels.ggml_operand(self.router_w), k=spec.k, sigmoid=spec.sigmoid,
-                             norm_topk=spec.norm_topk, rscale=spec.scale, gate_q=e.gate_q, up_q=e.up_q,
-                             down_q=e.down_q, gate_r=e.gate_r, up_r=e.up_r, down4=e.down4,
+                             norm_topk=spec.norm_topk, rscale=spec.scale, **e.kernel_args,
                              bias=None if self.bias is None else self.bias.detach().float().numpy(),
                              n_groups=spec.n_groups, n_group_used=spec.n_group_used,
                              **(self.shared.chain_args() if self.shared is not None else {}))
@@ -84,7 +83,7 @@ class MoEFFN:
         out, ids, w, r = kernels.decode_moe_block(
             h.numpy().reshape(-1), norm_w.numpy(), eps, a["router"], a["k"], a["sigmoid"], a["norm_topk"],
             a["rscale"], *self.crit_args(step), a["gate_q"], a["up_q"], a["down_q"], a["gate_r"], a["up_r"],
-            a["down4"], bias=a["bias"], n_groups=a["n_groups"], n_group_used=a["n_group_used"],
+            a["down4"], bias=a["bias"], n_groups=a["n_groups"], n_group_used=a["n_group_used"], source=a["source"],
             **{n: v for n, v in a.items() if n.startswith("shared_")})
         self.record(step, r, ids)
         return torch.from_numpy(out).view(1, -1)

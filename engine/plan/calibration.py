@@ -69,10 +69,18 @@ def read_calibration(model_path, gguf=None) -> dict | None:
     return d if isinstance(d, dict) and d.get("version") == CALIB_VERSION else None
 
 
-def load_profile(model_path, cfg, mode: str | None = None, log=None, gguf=None) -> UmiaProfile:
-    """The calibrated profile, else the default. mode: the loaded plan's; a profile
-    timed on another plan's step still serves, with a note (records from before
-    the mode was kept were all timed on the CPU step). gguf: the source, open."""
+def _critical_from(record: dict) -> str:
+    """Where the record's critical experts ran ("pack" before this was kept, or if garbled)."""
+    got = record.get("critical_from")
+    return "source" if got == "source" else "pack"
+
+
+def load_profile(model_path, cfg, mode: str | None = None, log=None, gguf=None,
+                 critical_from: str = "pack") -> UmiaProfile:
+    """The calibrated profile, else the default. mode, critical_from: the loaded plan's; a
+    profile fitted on another plan's step still serves, with a note (records from before
+    the mode was kept were all timed on the CPU step, with critical experts from the pack).
+    gguf: the source, open."""
     d = read_calibration(model_path, gguf)
     if d is not None:
         try:
@@ -84,6 +92,10 @@ def load_profile(model_path, cfg, mode: str | None = None, log=None, gguf=None) 
             if log and mode is not None and timed != mode:
                 log(f"UMIA: calibrated on a {timed} plan, this one is {mode} "
                     f"(`rapidmoe-chat calibrate --mode {mode}` fits one to it)")
+            elif log and mode is not None and _critical_from(d) != critical_from:
+                where = {"source": "model file", "pack": "pack"}
+                log(f"UMIA: calibrated with the critical experts from the {where[_critical_from(d)]}, "
+                    f"this plan runs them from the {where[critical_from]} (`rapidmoe-chat calibrate` fits one to it)")
             return prof
     return default_profile(cfg)
 

@@ -8,7 +8,11 @@ Modes (DESIGN.md §2):
   gpu-partial   only the hottest experts' W_Q fit in VRAM; the others' W_Q run
                 on the CPU from DRAM.
   cpu           no GPU, or too little VRAM: everything in DRAM (mmapped pack),
-                attention too.
+                attention too. A critical expert runs from the source file's own
+                tensors where their types have an int8 kernel and DRAM holds them
+                beside W_Q (critical_from "source": exact to the file, and faster
+                than W_R + D4 on CPUs without AVX-512 VBMI); else from the pack's
+                W_R + D4 ("pack").
 
 Room left on purpose: CUDA_CONTEXT_BYTES per GPU, the activation buffers
 (plan_sizes.gpu_workspace_bytes / cpu_workspace_bytes), and a DRAM reserve for
@@ -29,6 +33,7 @@ from .sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_wo
 CUDA_CONTEXT_BYTES = GiB // 2
 MIN_CTX = 256
 MODES = ("gpu-residual", "gpu-partial", "cpu")
+CRITICAL_FROM = ("source", "pack")  # where a CPU plan's critical experts come from
 
 
 def dram_reserve_bytes(total: int) -> int:
@@ -62,6 +67,7 @@ class Plan:
     reserves: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     kv_type: str = DEFAULT_KV_TYPE
+    critical_from: str = "pack"  # CPU plans: "source" (the model file's experts) or "pack" (W_R + D4)
 
     def bytes_on(self, device: str) -> int:
         return sum(c.bytes for c in self.components if c.device == device)
@@ -78,7 +84,8 @@ class Plan:
         """One line of where things run, e.g. 'GPU 0: attention + KV + W_Q 83% (121 GiB) ·
         CPU: residuals + W_Q 17%'."""
         if self.mode == "cpu":
-            return "CPU-centric: attention + KV + all experts on the CPU"
+            return "CPU-centric: attention + KV + all experts on the CPU" + (
+                " · critical experts from the model file" if self.critical_from == "source" else "")
         gpu = ("stand-in GPU " if standin else "GPU ") + "+".join(d.split(":")[1] for d, _, _ in self.gpu_layers)
         wq = sum(c.bytes for c in self.components if c.device != "cpu" and c.name.startswith("W_Q cache"))
         frac = self.wq_cache_fraction
@@ -101,6 +108,7 @@ class Plan:
             per_layer[str(il)] = per_layer.get(str(il), 0) + 1
         return {
             "model": self.model, "ctx": self.ctx, "kv_type": self.kv_type, "mode": self.mode, "reason": self.reason,
+            "critical_from": self.critical_from,
             "components": [{"name": c.name, "bytes": c.bytes, "device": c.device} for c in self.components],
             "totals": {"vram_bytes": self.vram_bytes, "dram_bytes": self.dram_bytes,
                        "vram_budget_bytes": self.vram_budget, "dram_budget_bytes": self.dram_budget,
@@ -123,15 +131,18 @@ def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[
     return sorted(slots, key=lambda sl: (rank[sl], sl)), "activation frequency (calibration)"
 
 
-def _cpu_plan(s: ModelSizes, ctx: int, chunk: int, kv_type: str) -> list[Component]:
+def _cpu_plan(s: ModelSizes, ctx: int, chunk: int, kv_type: str, from_source: bool) -> list[Component]:
     types = ", ".join(f"{t} {fmt_bytes(b)}" for t, b in s.nonexpert_types)
     n = s.n_moe_layers * s.n_expert
+    critical = ([Component(f"the model file's {n} experts (critical path, mmapped)", n * s.src_expert_bytes, "cpu")]
+                if from_source else
+                [Component(f"W_R of all {n} experts (gate/up residuals, mmapped)", n * s.wr_bytes, "cpu"),
+                 Component(f"D4 down copies of all {n} experts (mmapped)", n * s.d4_bytes, "cpu")])
     comps = [
         Component(f"non-expert weights, mmapped ({types})", s.nonexpert_bytes, "cpu"),
         Component("F32 tensors copied out of the mapping (norms, routers)", s.f32_bytes, "cpu"),
         Component(f"W_Q of all {n} experts (gate/up/down, mmapped)", n * s.wq_bytes, "cpu"),
-        Component(f"W_R of all {n} experts (gate/up residuals, mmapped)", n * s.wr_bytes, "cpu"),
-        Component(f"D4 down copies of all {n} experts (mmapped)", n * s.d4_bytes, "cpu"),
+        *critical,
         Component(f"KV cache ({kv_type}, {ctx} tokens)", ctx * s.kv_bytes_per_token(kv_type), "cpu"),
         Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer)",
                   cpu_workspace_bytes(s, ctx, chunk), "cpu"),
@@ -225,6 +236,7 @@ class PlanRequest:
     mode: str | None = None
     cache_fraction: float | None = None
     kv_type: str = DEFAULT_KV_TYPE
+    critical_from: str | None = None  # CPU plans: "source", "pack", None: the planner's choice
 
 
 def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequest,
@@ -232,11 +244,13 @@ def plan_model(s: ModelSizes, hw: HardwareRecord, ctx: int | None, req: PlanRequ
     """The plan of a request: what `plan` prints and what loading places."""
     return plan(s, hw, ctx, vram_budget=req.vram_budget, dram_budget=req.dram_budget,
                 gpus=list(req.gpus) if req.gpus is not None else None, mode=req.mode,
-                cache_fraction=req.cache_fraction, freqs=freqs, kv_type=req.kv_type)
+                cache_fraction=req.cache_fraction, freqs=freqs, kv_type=req.kv_type,
+                critical_from=req.critical_from)
 
 
 def _checked_request(s: ModelSizes, hw: HardwareRecord, ctx: int | None, mode: str | None,
-                     cache_fraction: float | None, gpus: list[int] | None, kv_type: str) -> tuple[int, list]:
+                     cache_fraction: float | None, gpus: list[int] | None, kv_type: str,
+                     critical_from: str | None) -> tuple[int, list]:
     """The context (default: the trained one, at most 4096) and the GPUs to use, after
     every request is checked against the model and the machine."""
     check_kv_type(kv_type, s.kv_row_dims)
@@ -249,6 +263,11 @@ def _checked_request(s: ModelSizes, hw: HardwareRecord, ctx: int | None, mode: s
         raise UserError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     if cache_fraction is not None and not 0.0 <= cache_fraction <= 1.0:
         raise UserError("the W_Q cache fraction must be within [0, 1]")
+    if critical_from is not None and critical_from not in CRITICAL_FROM:
+        raise UserError(f"critical experts come from 'source' or 'pack', not {critical_from!r}")
+    if critical_from == "source" and not s.src_expert_bytes:
+        raise UserError(f"{s.name}: its routed experts are not all Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, "
+                        "so the critical experts cannot run from the file (use the pack's: --critical-from pack)")
     chosen = list(hw.gpus)
     if gpus is not None:
         have = {g.index: g for g in hw.gpus}
@@ -263,13 +282,16 @@ def _checked_request(s: ModelSizes, hw: HardwareRecord, ctx: int | None, mode: s
 def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budget: int | None = None,
          dram_budget: int | None = None, gpus: list[int] | None = None, mode: str | None = None,
          cache_fraction: float | None = None, freqs: dict[int, list[float]] | None = None,
-         chunk: int = 256, suggest: bool = True, kv_type: str = DEFAULT_KV_TYPE) -> Plan:
+         chunk: int = 256, suggest: bool = True, kv_type: str = DEFAULT_KV_TYPE,
+         critical_from: str | None = None) -> Plan:
     """The placement of model `s` on machine `hw` for a context of `ctx` tokens.
     vram_budget: bytes per GPU (default: its free VRAM); dram_budget: bytes
     (default: available DRAM less the OS reserve); mode / cache_fraction force a
     choice (default: the fastest mode that fits, caching as many experts as fit);
-    kv_type: the KV cache's type (engine/kv_cache.py)."""
-    ctx, chosen = _checked_request(s, hw, ctx, mode, cache_fraction, gpus, kv_type)
+    kv_type: the KV cache's type (engine/kv_cache.py); critical_from: where a CPU plan's
+    critical experts come from (CRITICAL_FROM; default: the source file's tensors where
+    they can serve and DRAM holds them, else the pack's)."""
+    ctx, chosen = _checked_request(s, hw, ctx, mode, cache_fraction, gpus, kv_type, critical_from)
     reserve = dram_reserve_bytes(hw.dram_total_bytes)
     dram_cap = dram_budget if dram_budget is not None else max(0, min(hw.dram_total_bytes - reserve,
                                                                      hw.dram_available_bytes))
@@ -283,8 +305,19 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
                   cache_order=order_name, reserves=reserves, kv_type=kv_type)
 
     def cpu(reason: str) -> Plan:
-        return Plan(mode="cpu", reason=reason, components=tuple(_cpu_plan(s, ctx, chunk, kv_type)), wq_cache_fraction=0.0,
-                    vram_budget={}, **{k: v for k, v in common.items() if k != "vram_budget"})
+        comps, src, notes = _cpu_plan(s, ctx, chunk, kv_type, False), "pack", ()
+        if critical_from != "pack" and s.src_expert_bytes:
+            with_src = _cpu_plan(s, ctx, chunk, kv_type, True)
+            more = sum(c.bytes for c in with_src) - sum(c.bytes for c in comps)
+            if critical_from == "source" or sum(c.bytes for c in with_src) <= dram_cap:
+                comps, src = with_src, "source"
+                notes = ("critical experts run from the model file's own tensors (exact to it): keep the file; "
+                         f"{fmt_bytes(more)} more DRAM than the pack's residuals",)
+            else:
+                notes = (f"critical experts from the pack's W_R + D4: the model file's would need {fmt_bytes(more)} "
+                         "more DRAM",)
+        return Plan(mode="cpu", reason=reason, components=tuple(comps), wq_cache_fraction=0.0, vram_budget={},
+                    critical_from=src, notes=notes, **{k: v for k, v in common.items() if k != "vram_budget"})
 
     def gpu(n_cached: int | None) -> Plan | None:
         r = _gpu_plan(s, ctx, devs, budgets, n_cached, order, chunk, kv_type)
@@ -329,16 +362,16 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         p = replace(p, reason=p.reason + " — does not fit: " + "; ".join(over or ["the requested mode is impossible here"]))
         if suggest:
             p = _with_suggestion(p, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk,
-                                 kv_type)
+                                 kv_type, critical_from)
     return p
 
 
 def _with_suggestion(p: Plan, s, hw, ctx, vram_budget, dram_budget, gpus, mode, cache_fraction, freqs, chunk,
-                     kv_type) -> Plan:
+                     kv_type, critical_from) -> Plan:
     """The nearest plan that fits: fewer cached experts, then a smaller context,
     then the best mode at this context, then the best mode at a smaller one."""
     kw = dict(vram_budget=vram_budget, dram_budget=dram_budget, gpus=gpus, freqs=freqs, chunk=chunk, suggest=False,
-              kv_type=kv_type)
+              kv_type=kv_type, critical_from=critical_from)
 
     def at(c, m, f):
         try:

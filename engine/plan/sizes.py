@@ -79,6 +79,9 @@ class ModelSizes:
     kv_values_per_token: int  # cache values per token over all layers (engine/kv_types.py)
     kv_row_dims: tuple[int, ...]  # the lengths of the cache's rows (q8_0 needs whole blocks)
     source_bytes: int  # the GGUF itself
+    # one expert's gate + up + down as the source file stores them (mean over its MoE layers);
+    # 0 where a critical expert cannot run from them (a type without an int8 GEMV, or a pack)
+    src_expert_bytes: int = 0
 
     @property
     def n_moe_layers(self) -> int:
@@ -122,7 +125,10 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
     if not cfg.n_expert:
         raise ModelFileError(g.path, "no routed experts: nothing to split or place (plan is for MoE models)")
 
+    from .. import kernels  # deferred: loads the compiled kernels
+
     per_layer = [0] * cfg.n_layer
+    src_exps, src_ok = 0, True
     gpu_layer = [0] * cfg.n_layer
     types: dict[str, int] = defaultdict(int)
     moe_layers = set()
@@ -133,6 +139,8 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
             continue  # MTP blocks after the trunk: never loaded
         if "_exps." in t.name:
             moe_layers.add(il)
+            src_exps += t.nbytes
+            src_ok = src_ok and kernels.ggml_int8_gemv(t.ggml_type, t.ne[0])  # a pack's U8 parts: False
             continue
         if il is None and t.name not in GLOBAL_TENSORS:
             continue  # e.g. rope_freqs: not used by the engine
@@ -160,7 +168,8 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
         tied_head=tied, gpu_head_bytes=gpu_head, f32_bytes=f32,
         nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
         kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
-        source_bytes=g.size_bytes)
+        source_bytes=g.size_bytes,
+        src_expert_bytes=src_exps // (len(moe_layers) * cfg.n_expert) if src_ok and moe_layers else 0)
 
 
 def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:

@@ -44,7 +44,8 @@ def bench_model_path(progress=None) -> Path:
 def decode_bytes_per_token(model, mean_r: float) -> int:
     """Weight bytes one decode token reads: every non-expert matrix (not the
     embedding table: one row) plus, per MoE layer, k experts' worth in the
-    formats the critical-set size implies."""
+    formats the critical-set size implies (a critical expert: W_Q + W_R gate/up and D4
+    down, or the source file's gate/up/down where the plan runs it from there)."""
     W = model.weights
     cfg = model.cfg
     total = 0
@@ -61,8 +62,8 @@ def decode_bytes_per_token(model, mean_r: float) -> int:
     per_layer = 0.0
     layers = {n.split(".")[1] for n in expert_names}
     for il in layers:
-        def per_expert(name):
-            t = W.gguf.tensors.get(f"blk.{il}.{name}")
+        def per_expert(name, g=W.gguf):
+            t = g.tensors.get(f"blk.{il}.{name}")
             return t.nbytes / cfg.n_expert if t is not None else 0.0
         if model.critical is None:
             per_layer += k * sum(per_expert(f"ffn_{p}_exps.weight") for p in ("gate", "up", "down"))
@@ -70,13 +71,17 @@ def decode_bytes_per_token(model, mean_r: float) -> int:
             wq = sum(per_expert(f"ffn_{p}_exps.wq") for p in ("gate", "up", "down"))
             crit = (per_expert("ffn_gate_exps.wq") + per_expert("ffn_up_exps.wq") + per_expert("ffn_gate_exps.wr")
                     + per_expert("ffn_up_exps.wr") + per_expert("ffn_down_exps.d4"))
+            if W.source is not None:
+                crit = sum(per_expert(f"ffn_{p}_exps.weight", W.source.gguf) for p in ("gate", "up", "down"))
             per_layer += mean_r * crit + (k - mean_r) * wq
     return int(total + per_layer)
 
 
 def resident_model_bytes(model) -> int:
     W = model.weights
-    return int(sum(W.gguf.tensors[n].nbytes for n in W.used))
+    src = W.source
+    return int(sum(W.gguf.tensors[n].nbytes for n in W.used)
+               + (sum(src.gguf.tensors[n].nbytes for n in src.used) if src is not None else 0))
 
 
 def run_setting(spec, critical, threads: int, n_prompt: int, n_gen: int, rss0: int,

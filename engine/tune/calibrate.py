@@ -272,7 +272,7 @@ def calibrate(model_path, n_tokens: int = 256, seg_len: int = 128, budget: float
         "version": CALIB_VERSION, "model": Path(model.path).name, "machine": machine_fingerprint(),
         "created_unix": int(time.time()), "seconds": round(time.perf_counter() - t_start, 1),
         "n_tokens": len(cal.tokens), "segment": seg_len, "budget": budget, "k": k,
-        "mode": model.plan.mode, "placement": model.placement,
+        "mode": model.plan.mode, "critical_from": model.plan.critical_from, "placement": model.placement,
         "profile": best["profile"], "chosen": best["name"], "latency": lat.to_json(),
         "reference": {"mean_r": float(k), "decode_s": lat.fixed_time(k, False), "prefill_s": lat.fixed_time(k, True),
                       "kl_mean": ref.kl_mean},

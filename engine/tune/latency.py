@@ -108,16 +108,16 @@ def measure(model, ids_by_layer: dict[int, np.ndarray], w_by_layer: dict[int, np
             for j, e in enumerate(experts):
                 ids, w = ids_by_layer[e.layer], w_by_layer[e.layer]
                 t = rng.integers(0, max(1, len(ids) - PREFILL_CHUNK))
-                parts = (e.gate_q, e.up_q, e.down_q, e.gate_r, e.up_r, e.down4)
+                parts = e.kernel_args
                 x1 = rng.standard_normal((1, H), dtype=np.float32)
                 t0 = time.perf_counter()
-                kernels.resplit_moe_forward(x1, ids[t:t + 1], w[t:t + 1], np.full(1, r, np.int32), *parts)
+                kernels.resplit_moe_forward(x1, ids[t:t + 1], w[t:t + 1], np.full(1, r, np.int32), **parts)
                 dec[rep, r, j] = time.perf_counter() - t0
                 sl = slice(t, t + PREFILL_CHUNK)
                 n = len(ids[sl])
                 xc = rng.standard_normal((n, H), dtype=np.float32)
                 t0 = time.perf_counter()
-                kernels.resplit_moe_forward(xc, ids[sl], w[sl], np.full(n, r, np.int32), *parts)
+                kernels.resplit_moe_forward(xc, ids[sl], w[sl], np.full(n, r, np.int32), **parts)
                 pre[rep, r, j] = (time.perf_counter() - t0) / n
             if progress:
                 progress("latency", rep * (k + 1) + i + 1, total)

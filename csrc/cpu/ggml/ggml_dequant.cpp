@@ -40,6 +40,10 @@ void dequant_blocks(int type, const uint8_t* src, float* dst, size_t nblk) {
   kernels().ggml.dequant_blocks(type, src, dst, nblk);
 }
 
+void dequantize_row(int type, const uint8_t* src, float* dst, size_t k) {
+  dequant_blocks(type, src, dst, k / (size_t)type_info(type).block);
+}
+
 void dequantize(int type, const uint8_t* src, float* dst, size_t n) {
   const TypeInfo ti = type_info(type);
   const size_t nblk = n / (size_t)ti.block;

@@ -140,6 +140,19 @@ void row_block(int type, const uint8_t* w, size_t rb, size_t k, size_t r0, size_
 
 }  // namespace
 
+int q8_act_layout(int type, size_t k) { return q8_path(type, k).layout; }
+
+size_t q8_act_row_bytes(int layout, size_t k) { return q8_row_bytes(layout, k); }
+
+void q8_act_quantize(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld) {
+  kernels().ggml.quantize_q8(layout, x, k, T, dst, ld);
+}
+
+void q8_act_gemv(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq, size_t nt,
+                 float* y, size_t ldy) {
+  kernels().ggml.gemv_q8(type, w, rb, k, nr, xq, ldq, nt, y, ldy);
+}
+
 void matmul(int type, const uint8_t* w, size_t rows, size_t rb, size_t k, const float* x, size_t T, float* y) {
   std::memset(y, 0, T * rows * sizeof(float));
   const Q8Path q8 = q8_path(type, k);

@@ -29,8 +29,22 @@ void matvec_multi(size_t n, const int* types, const uint8_t* const* ws, const si
 void expert_matmul(int type, const uint8_t* w, size_t E, size_t rows, size_t rb, size_t k,
                    const int32_t* ids, const float* x, size_t n, float* y);
 
+// The int8-activation GEMV of the active ISA as matmul uses it, for callers that schedule
+// their own rows (the residual-split MoE layer's critical experts from the source file):
+// q8_act_layout: the activation layout for `type` at inner size k (-1: none, matmul runs
+// f32 activations); q8_act_row_bytes: one quantized row (a multiple of 64);
+// q8_act_quantize: T rows of x [T, k] -> dst, ld bytes apart; q8_act_gemv: y[t*ldy + r] =
+// dot(row r of W [nr, rb], row t of xq), t < nt <= 8.
+int q8_act_layout(int type, size_t k);
+size_t q8_act_row_bytes(int layout, size_t k);
+void q8_act_quantize(int layout, const float* x, size_t k, size_t T, uint8_t* dst, size_t ld);
+void q8_act_gemv(int type, const uint8_t* w, size_t rb, size_t k, size_t nr, const uint8_t* xq, size_t ldq, size_t nt,
+                 float* y, size_t ldy);
+
 // dequant_blocks_* of the active ISA (single-threaded).
 void dequant_blocks(int type, const uint8_t* src, float* dst, size_t nblk);
+// One row of k weights (row_bytes(type, k) > 0), single-threaded.
+void dequantize_row(int type, const uint8_t* src, float* dst, size_t k);
 
 // ---- per-ISA pieces (raw pointers, no STL: see ggml_blocks.h on linkage) ----
 

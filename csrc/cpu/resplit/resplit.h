@@ -142,6 +142,11 @@ struct GemmJob {
   float* y;              // [*, out_dim]
   bool accumulate;
   bool z = false;        // WQ on z activations (xp by prep_wq_z; wq_z_acts() only)
+  // >= 0: W holds rows of this GGUF type (src_rb bytes each, a source file's experts; fmt is
+  // not read) and xp the int8 rows of ggml::q8_act_quantize (q8_act_row_bytes / 4 floats a
+  // row); accumulate must be false.
+  int src_type = -1;
+  size_t src_rb = 0;
 };
 void run_jobs(const GemmJob* jobs, size_t nj);
 
@@ -153,6 +158,7 @@ void run_jobs(const GemmJob* jobs, size_t nj);
 // row into i8_act_bytes(n) bytes and nb = ceil(n/32) scales; gathered row r reads
 // activation row xrow[r] (identity when xrow is null) and writes y row r.
 bool i8_gemm_available();
+bool i8_gemm_for_source();  // available, and source_rows
 constexpr size_t kI8MinTokens = 8;  // moe_forward gives groups of at least this many tokens the i8 GEMM
 size_t i8_act_bytes(size_t n);
 void prep_i8(const float* x, size_t n, uint8_t* xq, float* sx);
@@ -170,6 +176,10 @@ struct I8Job {
   const uint8_t* xq;    // [*, i8_act_bytes(in_dim)]
   const float* sx;      // [*, nb]
   float* y;             // [rows, out_dim]
+  // >= 0: Wa holds rows of this GGUF type (src_rb bytes each, a source file's experts; fa
+  // is not read, Wb must be null)
+  int src_type = -1;
+  size_t src_rb = 0;
 };
 void run_i8_jobs(const I8Job* jobs, size_t nj);
 
@@ -180,6 +190,9 @@ void run_i8_jobs(const I8Job* jobs, size_t nj);
 constexpr size_t kI8TileBlockBytes = 1024;  // AVX-512: 32 rows x 32 int8; AVX2: 16 rows x 32 int16
 struct I8Isa {
   size_t rows, max_nt, act_bytes;  // act_bytes: bytes per activation
+  // groups of a source file's critical experts run here too: faster than the GGUF int8 GEMV
+  // on their rows (measured on Q4_K_M experts: AVX-512 VNNI yes, AVX2 no)
+  bool source_rows;
   void (*pack_row)(const float* f, size_t nb, size_t r, uint8_t* w, float* s, int32_t* nc);
   void (*gemm)(const uint8_t* w, const float* s, const int32_t* nc, size_t nb, const uint8_t* const* xq,
                const float* const* sx, float* const* y, size_t nt, size_t nr);
@@ -211,6 +224,14 @@ void silu_mul_avx2(const float* g, const float* u, size_t n, float* h);
 // Critical: g = x.WQg + x.WRg, u = x.WQu + x.WRu, h = silu(g)*u, y = h.D4d.
 // Others:   g = x.WQg,          u = x.WQu,          h = silu(g)*u, y = h.WQd.
 // out [T,H] = sum_j weights[t,j] * y_j.  F: expert ffn width.
+// With the source file's expert tensors (gate_s, up_s, down_s), a critical expert runs
+// from them instead: g = x.Wg, u = x.Wu, y = h.Wd in the file's types (int8 activations,
+// as llama.cpp and ggml::matmul compute them); WR and D4 are not read.
+struct SrcExperts {  // [E, rows, rb] of a GGUF type with an int8 GEMV (ggml::q8_act_layout >= 0)
+  int type = -1;
+  const uint8_t* w = nullptr;
+  size_t rb = 0;
+};
 struct MoeWeights {
   size_t E, H, F;
   const uint8_t* gate_q;  // [E, F, row_bytes(WQ,H)]
@@ -219,6 +240,8 @@ struct MoeWeights {
   const uint8_t* gate_r;  // [E, F, row_bytes(WR,H)]   may be null if no slot is critical
   const uint8_t* up_r;    // [E, F, row_bytes(WR,H)]
   const uint8_t* down4;   // [E, H, row_bytes(D4,F)]
+  SrcExperts gate_s{}, up_s{}, down_s{};  // [E, F, .], [E, F, .], [E, H, .]; w null: critical from WR + D4
+  bool from_source() const { return gate_s.w != nullptr; }
 };
 void moe_forward(const MoeWeights& w, const float* x /*[T,H]*/, size_t T, size_t k,
                  const int32_t* ids /*[T,k]*/, const float* weights /*[T,k]*/,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/convert.h"
+#include "ggml/ggml_kernels.h"
 #include "resplit/resplit.h"
 #include "common/threadpool.h"
 #include "kernel_table.h"
@@ -273,8 +274,10 @@ void run_jobs(const GemmJob* jobs, size_t nj) {
     Plan& p = plan[j];
     p.groups = (g.out_dim + kRowGroup - 1) / kRowGroup;
     p.nb = (g.in_dim + (g.fmt == Fmt::WR ? 64 : 32) - 1) / (g.fmt == Fmt::WR ? 64 : 32);
-    p.rb = row_bytes(g.fmt, g.in_dim);
-    p.pf = g.z ? prep_floats_wq_z(g.in_dim) : prep_floats(g.fmt, g.in_dim);
+    p.rb = g.src_type >= 0 ? g.src_rb : row_bytes(g.fmt, g.in_dim);
+    p.pf = g.src_type >= 0 ? ggml::q8_act_row_bytes(ggml::q8_act_layout(g.src_type, g.in_dim), g.in_dim) / 4
+           : g.z           ? prep_floats_wq_z(g.in_dim)
+                           : prep_floats(g.fmt, g.in_dim);
     p.one = row_dot_fn(g.fmt);
     p.rows = g.z ? kernels().resplit.rows_dot_wq_z : rows_dot_fn(g.fmt);
     p.tt = g.z ? 1 : g.fmt == Fmt::WQ ? kTokTile : kTokTile / 2;
@@ -294,6 +297,13 @@ void run_jobs(const GemmJob* jobs, size_t nj) {
       const uint8_t* w = g.W + ((size_t)g.ids[s] * g.out_dim + o0) * p.rb;
       const float* xs = g.xp + (size_t)g.xoff[s] * p.pf;
       float* ys = g.y + (size_t)g.xoff[s] * g.out_dim + o0;
+      if (g.src_type >= 0) {  // the source file's rows: the GGUF int8 GEMV, 8 tokens a call
+        const uint8_t* xq = reinterpret_cast<const uint8_t*>(xs);
+        for (size_t t0 = 0; t0 < nt; t0 += 8)
+          ggml::q8_act_gemv(g.src_type, w, p.rb, g.in_dim, no, xq + t0 * p.pf * 4, p.pf * 4,
+                            std::min<size_t>(8, nt - t0), ys + t0 * g.out_dim, g.out_dim);
+        continue;
+      }
       const RowsDotFn rows = g.z || nt == 1 ? p.rows : nullptr;
       if (rows && nt == 1) {  // decode: straight into y
         if (!g.accumulate) {

@@ -6,10 +6,12 @@
 // one expert is dequantized once (WQ + WR summed for a critical gate/up: one product
 // instead of two), requantized to int8 per 32 weights (s = max|w|/127, q = rint(w/s),
 // the activations' rule) and laid out several rows per register, so that a block's
-// float scaling is paid once per several integer products of many rows.
+// float scaling is paid once per several integer products of many rows. A critical
+// expert run from the source file's tensors is dequantized from its GGUF type the same way.
 #include <algorithm>
 #include <vector>
 
+#include "ggml/ggml_kernels.h"
 #include "kernel_table.h"
 #include "resplit/resplit.h"
 #include "common/threadpool.h"
@@ -32,7 +34,8 @@ struct Tile {
 // Rows o0.. of expert e (rows past out_dim are zero) into the tile.
 void repack(const I8Isa& K, const I8Job& J, int32_t e, size_t o0, Tile& T) {
   const size_t n = J.in_dim, nb = (n + 31) / 32;
-  const size_t la = (n + block_of(J.fa) - 1) / block_of(J.fa), rba = row_bytes(J.fa, n);
+  const bool src = J.src_type >= 0;
+  const size_t la = (n + block_of(J.fa) - 1) / block_of(J.fa), rba = src ? J.src_rb : row_bytes(J.fa, n);
   const size_t lb = J.Wb ? (n + block_of(J.fb) - 1) / block_of(J.fb) : 0, rbb = J.Wb ? row_bytes(J.fb, n) : 0;
   if (o0 + K.rows > J.out_dim) {  // rows past the end stay zero
     T.w.assign(nb * kI8TileBlockBytes, 0);
@@ -43,13 +46,14 @@ void repack(const I8Isa& K, const I8Job& J, int32_t e, size_t o0, Tile& T) {
     T.s.resize(nb * K.rows);
     T.nc.resize(nb * K.rows);
   }
-  T.fa.resize(std::max(la * block_of(J.fa), nb * 32));
+  T.fa.resize(std::max(src ? n : la * block_of(J.fa), nb * 32));
   T.fb.resize(lb * block_of(J.fb));
-  const DequantRowFn da = dequant_row_fn(J.fa), db = J.Wb ? dequant_row_fn(J.fb) : nullptr;
+  const DequantRowFn da = src ? nullptr : dequant_row_fn(J.fa), db = J.Wb ? dequant_row_fn(J.fb) : nullptr;
   for (size_t r = 0; r < K.rows && o0 + r < J.out_dim; ++r) {
     const size_t o = (size_t)e * J.out_dim + o0 + r;
     float* f = T.fa.data();
-    da(J.Wa + o * rba, la, f);
+    if (src) ggml::dequantize_row(J.src_type, J.Wa + o * rba, f, n);
+    else da(J.Wa + o * rba, la, f);
     if (db) {
       db(J.Wb + o * rbb, lb, T.fb.data());
       for (size_t i = 0; i < n; ++i) f[i] += T.fb[i];
@@ -62,6 +66,8 @@ void repack(const I8Isa& K, const I8Job& J, int32_t e, size_t o0, Tile& T) {
 }  // namespace
 
 bool i8_gemm_available() { return active() != nullptr; }
+
+bool i8_gemm_for_source() { return active() != nullptr && active()->source_rows; }
 
 size_t i8_act_bytes(size_t n) { return (n + 31) / 32 * 32 * (active() ? active()->act_bytes : 1); }
 

@@ -107,7 +107,7 @@ void prep(const float* x, size_t n, uint8_t* xq, float* sx) {
   }
 }
 
-const I8Isa kIsa{kRows, kMaxTok, 2, pack_row, gemm, prep};
+const I8Isa kIsa{kRows, kMaxTok, 2, false, pack_row, gemm, prep};
 
 }  // namespace
 

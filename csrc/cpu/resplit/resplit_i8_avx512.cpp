@@ -92,7 +92,7 @@ void prep(const float* x, size_t n, uint8_t* xu, float* sx) {
   }
 }
 
-const I8Isa kIsa{kRows, kMaxTok, 1, pack_row, gemm, prep};
+const I8Isa kIsa{kRows, kMaxTok, 1, true, pack_row, gemm, prep};
 
 }  // namespace
 
