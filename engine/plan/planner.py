@@ -290,7 +290,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
     choice (default: the fastest mode that fits, caching as many experts as fit);
     kv_type: the KV cache's type (engine/kv_cache.py); critical_from: where a CPU plan's
     critical experts come from (CRITICAL_FROM; default: the source file's tensors where
-    they can serve and DRAM holds them, else the pack's)."""
+    they can serve and DRAM holds them, unless the file asks for the pack's; else the pack's)."""
     ctx, chosen = _checked_request(s, hw, ctx, mode, cache_fraction, gpus, kv_type, critical_from)
     reserve = dram_reserve_bytes(hw.dram_total_bytes)
     dram_cap = dram_budget if dram_budget is not None else max(0, min(hw.dram_total_bytes - reserve,
@@ -309,7 +309,10 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
         if critical_from != "pack" and s.src_expert_bytes:
             with_src = _cpu_plan(s, ctx, chunk, kv_type, True)
             more = sum(c.bytes for c in with_src) - sum(c.bytes for c in comps)
-            if critical_from == "source" or sum(c.bytes for c in with_src) <= dram_cap:
+            if critical_from is None and s.prefers_pack:
+                notes = ("critical experts from the pack's W_R + D4, as the model file asks "
+                         "(--critical-from source runs them from the file)",)
+            elif critical_from == "source" or sum(c.bytes for c in with_src) <= dram_cap:
                 comps, src = with_src, "source"
                 notes = ("critical experts run from the model file's own tensors (exact to it): keep the file; "
                          f"{fmt_bytes(more)} more DRAM than the pack's residuals",)

@@ -82,6 +82,7 @@ class ModelSizes:
     # one expert's gate + up + down as the source file stores them (mean over its MoE layers);
     # 0 where a critical expert cannot run from them (a type without an int8 GEMV, or a pack)
     src_expert_bytes: int = 0
+    prefers_pack: bool = False  # the file asks for the pack's critical path (rapidmoe.critical_from = "pack")
 
     @property
     def n_moe_layers(self) -> int:
@@ -169,7 +170,8 @@ def sizes_from_gguf(g: GGUFFile, name: str | None = None) -> ModelSizes:
         nonexpert_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
         kv_values_per_token=kv_values_per_token(cfg), kv_row_dims=kv_row_dims(cfg),
         source_bytes=g.size_bytes,
-        src_expert_bytes=src_exps // (len(moe_layers) * cfg.n_expert) if src_ok and moe_layers else 0)
+        src_expert_bytes=src_exps // (len(moe_layers) * cfg.n_expert) if src_ok and moe_layers else 0,
+        prefers_pack=g.metadata.get("rapidmoe.critical_from") == "pack")
 
 
 def cpu_workspace_bytes(s: ModelSizes, n_ctx: int, chunk: int = PREFILL_CHUNK) -> int:
