@@ -335,7 +335,9 @@ def test_gpu_step_with_the_gpu_placement_on_emulated_kernels(tmp_path, arch, emu
     src = write_synthetic(tmp_path / "m.gguf", "ds2_v3" if arch == "deepseek2" else arch, seed=4, dtype="q8_0",
                           **shape)
     monkeypatch.delenv("RAPIDMOE_STANDIN_GPU", raising=False)
-    exact = PlanRequest(kv_type="f32")  # the cache type is not under test: f16 would add its own rounding
+    # the cache type is not under test (f16 would add its own rounding); the CPU reference takes
+    # the GPU step's critical path (W_Q + W_R, D4), not the file's own experts
+    exact = PlanRequest(kv_type="f32", critical_from="pack")
     cpu = load_model(src, n_ctx=32, critical=2, placement=exact)
     toks = list(range(7, 19))
     ref_pre, ref_dec = _logits(cpu, toks, False), _logits(cpu, toks[:4], True)

@@ -27,8 +27,9 @@ import numpy as np
 from ..errors import UserError
 from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
 from ..units import fmt_bytes
+from .components import Component, cpu_components
 from .hardware import GiB, HardwareRecord
-from .sizes import ModelSizes, cpu_workspace_bytes, gpu_workspace_bytes, host_workspace_bytes
+from .sizes import ModelSizes, gpu_workspace_bytes, host_workspace_bytes
 
 CUDA_CONTEXT_BYTES = GiB // 2
 MIN_CTX = 256
@@ -39,13 +40,6 @@ CRITICAL_FROM = ("source", "pack")  # where a CPU plan's critical experts come f
 def dram_reserve_bytes(total: int) -> int:
     """Left to the OS and other programs: 5% of DRAM, at least 1 GiB, at most 8 GiB."""
     return min(8 * GiB, max(GiB, total // 20))
-
-
-@dataclass(frozen=True)
-class Component:
-    name: str
-    bytes: int
-    device: str  # "cpu" (DRAM) or "cuda:N"
 
 
 @dataclass(frozen=True)
@@ -129,25 +123,6 @@ def _expert_order(s: ModelSizes, freqs: dict[int, list[float]] | None) -> tuple[
     # hottest first; layers without measurements after every measured one, in layer order
     rank = {sl: (0, -freqs[sl[0]][sl[1]]) if sl[0] in freqs else (1, 0.0) for sl in slots}
     return sorted(slots, key=lambda sl: (rank[sl], sl)), "activation frequency (calibration)"
-
-
-def _cpu_plan(s: ModelSizes, ctx: int, chunk: int, kv_type: str, from_source: bool) -> list[Component]:
-    types = ", ".join(f"{t} {fmt_bytes(b)}" for t, b in s.nonexpert_types)
-    n = s.n_moe_layers * s.n_expert
-    critical = ([Component(f"the model file's {n} experts (critical path, mmapped)", n * s.src_expert_bytes, "cpu")]
-                if from_source else
-                [Component(f"W_R of all {n} experts (gate/up residuals, mmapped)", n * s.wr_bytes, "cpu"),
-                 Component(f"D4 down copies of all {n} experts (mmapped)", n * s.d4_bytes, "cpu")])
-    comps = [
-        Component(f"non-expert weights, mmapped ({types})", s.nonexpert_bytes, "cpu"),
-        Component("F32 tensors copied out of the mapping (norms, routers)", s.f32_bytes, "cpu"),
-        Component(f"W_Q of all {n} experts (gate/up/down, mmapped)", n * s.wq_bytes, "cpu"),
-        *critical,
-        Component(f"KV cache ({kv_type}, {ctx} tokens)", ctx * s.kv_bytes_per_token(kv_type), "cpu"),
-        Component(f"working memory (prefill chunk {min(chunk, ctx)} over {ctx} tokens, tokenizer)",
-                  cpu_workspace_bytes(s, ctx, chunk), "cpu"),
-    ]
-    return comps
 
 
 def _split_layers(need: list[int], head: int, caps: list[int]) -> tuple[list[int], int]:
@@ -305,20 +280,7 @@ def plan(s: ModelSizes, hw: HardwareRecord, ctx: int | None = None, *, vram_budg
                   cache_order=order_name, reserves=reserves, kv_type=kv_type)
 
     def cpu(reason: str) -> Plan:
-        comps, src, notes = _cpu_plan(s, ctx, chunk, kv_type, False), "pack", ()
-        if critical_from != "pack" and s.src_expert_bytes:
-            with_src = _cpu_plan(s, ctx, chunk, kv_type, True)
-            more = sum(c.bytes for c in with_src) - sum(c.bytes for c in comps)
-            if critical_from is None and s.prefers_pack:
-                notes = ("critical experts from the pack's W_R + D4, as the model file asks "
-                         "(--critical-from source runs them from the file)",)
-            elif critical_from == "source" or sum(c.bytes for c in with_src) <= dram_cap:
-                comps, src = with_src, "source"
-                notes = ("critical experts run from the model file's own tensors (exact to it): keep the file; "
-                         f"{fmt_bytes(more)} more DRAM than the pack's residuals",)
-            else:
-                notes = (f"critical experts from the pack's W_R + D4: the model file's would need {fmt_bytes(more)} "
-                         "more DRAM",)
+        comps, src, notes = cpu_components(s, ctx, chunk, kv_type, critical_from, dram_cap)
         return Plan(mode="cpu", reason=reason, components=tuple(comps), wq_cache_fraction=0.0, vram_budget={},
                     critical_from=src, notes=notes, **{k: v for k, v in common.items() if k != "vram_budget"})
 
