@@ -128,13 +128,13 @@ def main() -> int:
     for b in [x.strip() for x in args.budgets.split(",") if x.strip()] or ["cached"]:
         m0 = load_model(path, n_ctx=32)
         if b == "default":
-            umia["auto (default profile)"] = default_profile(m0.cfg)
+            umia["auto (default profile)"] = default_profile(m0.cfg, m0.metadata)
             continue
         if b != "cached":
             log(f"calibrate --budget {b} ...")
             subprocess.run([*CLI, "calibrate", "-m", str(path), "--budget", b, "--threads", str(args.threads)],
                            check=True, stdout=sys.stderr)
-        prof = load_profile(path, m0.cfg)
+        prof = load_profile(path, m0.cfg) if read_calibration(path) else default_profile(m0.cfg, m0.metadata)
         rec = read_calibration(path)
         umia[f"auto (budget {rec['budget']:g})" if rec else "auto (default profile)"] = prof
     model = load_model(path, n_ctx=max(args.tokens, args.rounds + 1), critical="k")

@@ -100,6 +100,38 @@ def test_end_to_end_with_the_real_demo_model(tmp_path):
     asyncio.run(main())
 
 
+def test_the_demo_shows_the_residual_split_at_auto(tmp_path, monkeypatch):
+    """The offline default as a new user meets it: the demo at `auto` (UMIA, the demo's
+    own profile) answers Paris, and the status bar's critical-set size is below k = 16
+    and changes from token to token (each token's per-layer r as the engine reported it
+    to the reply view)."""
+    from rapidmoe.app.tui.backend import EngineBackend
+    from rapidmoe.app.tui.reply_stream import ReplyStream
+    from rapidmoe.engine.events import TextDelta
+
+    per_token = []
+    put = ReplyStream.put
+    monkeypatch.setattr(ReplyStream, "put", lambda self, e: (
+        per_token.append(e.critical) if isinstance(e, TextDelta) else None, put(self, e))[1])
+
+    async def main():
+        app = ChatApp(backend=EngineBackend(critical="auto"), config=load_config(tmp_path / "c.toml", env={}),
+                      store=ChatStore(tmp_path / "h.db"), overrides={"temperature": 0.0, "max_tokens": 24})
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.screen
+            await wait_for(pilot, lambda: scr.model is not None, timeout=180)
+            await send(pilot, "What is the capital of France?")
+            await wait_for(pilot, lambda: not scr.generating, timeout=120)
+            assert "Paris" in scr.query(MessageView).last().text
+            means = [sum(r) / len(r) for r in per_token]
+            assert len(per_token) > 4 and all(len(r) == 30 for r in per_token)
+            assert max(means) < 16 and len(set(means)) > 1 and len({r for t in per_token for r in t}) > 2
+            line = str(scr.status.line_text())
+            assert f"r {means[-1]:.1f} " in line  # the last token's mean over the layers
+
+    asyncio.run(main())
+
+
 def test_loads_in_a_worker_with_progress_and_takes_the_command_line(tmp_path):
     import argparse
 

@@ -94,13 +94,34 @@ def test_default_profile_on_realistic_and_uniform_routers(tmp_path):
     shallow = critical_sizes(prof, w, 0, False, 8).mean()
     prefill = critical_sizes(prof, w, 3, True, 8).mean()
     assert 1.0 <= deep < shallow < 4.0 and deep < prefill < 4.0
-    # a uniform router (the demo: 16 of 16 experts at 1/16) carries no ranking: all stay critical
+    # a uniform router (16 of 16 experts at 1/16) carries no ranking: all stay critical
     demo_like = write_synthetic(tmp_path / "u.gguf", "qwen3moe", seed=3, n_layer=3, n_expert=16, n_expert_used=16)
     p16 = default_profile(_cfg(demo_like))
     uni = np.full((5, 16), 1 / 16, np.float32)
     for layer in range(3):
         for prefill in (False, True):
             assert critical_sizes(p16, uni, layer, prefill, 16).tolist() == [16] * 5
+
+
+def test_a_model_file_carries_its_own_default_profile(tmp_path):
+    """rapidmoe.umia.theta/alpha/beta (the demo's: critical while above 1/16) replace the
+    built-in default when there is no calibration; anything but finite numbers >= 0 is
+    ignored (the file is untrusted)."""
+    src = write_synthetic(tmp_path / "u.gguf", "qwen3moe", seed=3, n_layer=3, n_expert=16, n_expert_used=16)
+    cfg = _cfg(src)
+    own = default_profile(cfg, {"rapidmoe.umia.theta": 1 / 16, "rapidmoe.umia.alpha": 1.0,
+                                "rapidmoe.umia.beta": np.float32(1.0)})
+    assert own.alpha == (1.0, 1.0, 1.0) and own.beta_prefill == own.beta_decode == 1.0
+    assert own.theta == 1 / 16 and (own.r_min, own.r_max) == (1, 16)
+    w = np.sort(np.array([[0.07] * 5 + [0.06] * 11, [0.1] + [0.06] * 15, [0.0625] * 16]), axis=1)[:, ::-1]
+    for prefill in (False, True):
+        assert critical_sizes(own, w, 2, prefill, 16).tolist() == [5, 1, 1]  # r_min = 1
+    for bad in ({"rapidmoe.umia.theta": float("nan"), "rapidmoe.umia.alpha": 1.0, "rapidmoe.umia.beta": 1.0},
+                {"rapidmoe.umia.theta": -1.0, "rapidmoe.umia.alpha": 1.0, "rapidmoe.umia.beta": 1.0},
+                {"rapidmoe.umia.theta": "0.1", "rapidmoe.umia.alpha": 1.0, "rapidmoe.umia.beta": 1.0},
+                {"rapidmoe.umia.theta": True, "rapidmoe.umia.alpha": 1.0, "rapidmoe.umia.beta": 1.0},
+                {"rapidmoe.umia.theta": 0.1, "rapidmoe.umia.alpha": 1.0}):
+        assert default_profile(cfg, bad) == default_profile(cfg)
 
 
 def test_cli_accepts_auto_and_p_defaults_to_it():

@@ -83,8 +83,23 @@ def smooth_alpha(n_layer: int, first: float, last: float) -> tuple[float, ...]:
     return tuple(first * (last / first) ** (i / (n_layer - 1)) for i in range(n_layer))
 
 
-def default_profile(cfg: ModelConfig) -> UmiaProfile:
+def _file_numbers(metadata, keys: tuple[str, ...]) -> list[float] | None:
+    vals = [metadata.get(f"rapidmoe.umia.{k}") for k in keys]
+    ok = all(isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1e6
+             for v in vals)
+    return [float(v) for v in vals] if ok else None
+
+
+def default_profile(cfg: ModelConfig, metadata=None) -> UmiaProfile:
+    """The profile without a calibration: the model file's own (rapidmoe.umia.theta,
+    .alpha and .beta, one α for every layer and one β for both phases), else the
+    built-in default."""
     k = cfg.n_expert_used
+    own = _file_numbers(metadata or {}, ("theta", "alpha", "beta"))
+    if own is not None:
+        theta, a, b = own
+        return UmiaProfile(alpha=(a,) * cfg.n_layer, beta_prefill=b, beta_decode=b, theta=theta,
+                           r_min=1, r_max=k, source="default")
     return UmiaProfile(alpha=smooth_alpha(cfg.n_layer, *DEFAULT_ALPHA_RANGE),
                        beta_prefill=DEFAULT_BETA["prefill"], beta_decode=DEFAULT_BETA["decode"],
                        theta=DEFAULT_SHARE * weight_mass(cfg) / k, r_min=1, r_max=k, source="default")

@@ -97,7 +97,7 @@ def load_profile(model_path, cfg, mode: str | None = None, log=None, gguf=None,
                 log(f"UMIA: calibrated with the critical experts from the {where[_critical_from(d)]}, "
                     f"this plan runs them from the {where[critical_from]} (`rapidmoe-chat calibrate` fits one to it)")
             return prof
-    return default_profile(cfg)
+    return default_profile(cfg, gguf.metadata if gguf is not None else None)
 
 
 def write_record(path: Path, obj: dict) -> None:
