@@ -34,7 +34,7 @@ from gguf.quants import dequantize
 
 from rapidmoe.engine import kernels
 from rapidmoe.engine.tune.calibrate import calibration_text
-from rapidmoe.engine.hub.demo import N_EXPERT as E, demo_model_path
+from rapidmoe.engine.hub.demo import N_EXPERT as E, locate_source
 from rapidmoe.engine.tune.evaluate import divergence, perplexity
 from rapidmoe.engine.loader import load_model
 
@@ -146,38 +146,39 @@ def main() -> None:
     ap.add_argument("--r", default="2,4,8,12,1.0", help="whole r, or a fractional share threshold")
     ap.add_argument("--calib-tokens", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=384)
+    ap.add_argument("--offset", type=int, default=None, help="held-out tokens start here (default: after the calibration)")
     ap.add_argument("--tau", default="0", help="router temperature on the probe (0: uniform weights)")
     ap.add_argument("--shared", default="0", help="hidden units kept as a shared expert (a multiple of 16)")
     args = ap.parse_args()
     torch.set_num_threads(kernels.num_threads())
     rs = [v if v == "umia" or v.startswith("w") else float(v) if "." in v else int(v) for v in args.r.split(",")]
     taus = [float(v) for v in args.tau.split(",")]
-    model = load_model("demo", n_ctx=max(args.calib_tokens, args.tokens))
+    model = load_model(str(locate_source()), n_ctx=max(args.calib_tokens, args.tokens))  # dense SmolLM2
     blocks = model.net.blocks
     toks = model.tokenizer.encode(calibration_text(), add_special=True, parse_special=False)
-    calib, held = toks[:args.calib_tokens], toks[args.calib_tokens:args.calib_tokens + args.tokens]
+    start = args.offset if args.offset is not None else args.calib_tokens
+    calib, held = toks[:args.calib_tokens], toks[start:start + args.tokens]
 
-    originals = [b.ffn.experts for b in blocks]
+    originals = [b.ffn for b in blocks]
     xs = []
     for b, o in zip(blocks, originals):  # each layer's FFN input on the calibration tokens
-        b.ffn.experts = lambda x, ids, w, step=None, o=o: (xs.append(x.clone()), o(x, ids, w, step))[1]
+        b.ffn = lambda x, o=o: (xs.append(x.float().clone()), o(x))[1]
     model.runner.prefill(calib, 0, model.runner.new_cache(len(calib)))
     for b, o in zip(blocks, originals):
-        b.ffn.experts = o
+        b.ffn = o
 
     def held_logits():
         return model.runner.prefill(held, 0, model.runner.new_cache(len(held)))[0].numpy()
 
     base = held_logits()
     print(f"full precision: ppl {perplexity(held, base):.2f} on {len(held)} tokens")
-    tensors = {t.name: t for t in GGUFReader(str(demo_model_path())).tensors}
+    tensors = {t.name: t for t in GGUFReader(str(locate_source())).tensors}
     for group, shared in [(gr, int(sh)) for sh in args.shared.split(",") for gr in args.group.split(",")]:
         t0, layers = time.time(), []
         for il, x in enumerate(xs):
-            g = tensor(tensors, f"blk.{il}.ffn_gate_exps.weight").reshape(-1, x.shape[1])
-            u = tensor(tensors, f"blk.{il}.ffn_up_exps.weight").reshape(-1, x.shape[1])
-            d = tensor(tensors, f"blk.{il}.ffn_down_exps.weight")  # [E, H, f] (x E, as the demo scales it)
-            d = d.permute(1, 0, 2).reshape(d.shape[1], -1)
+            g = tensor(tensors, f"blk.{il}.ffn_gate.weight")
+            u = tensor(tensors, f"blk.{il}.ffn_up.weight")
+            d = E * tensor(tensors, f"blk.{il}.ffn_down.weight")  # [H, ff], x E: each expert weighs 1/E
             p = permutation(group, x, g, u, d, shared)
             g, u, d = g[p], u[p], d[:, p].contiguous()
             gs, us, ds = g[:shared], u[:shared], d[:, :shared]
@@ -199,14 +200,14 @@ def main() -> None:
                     continue
                 study = [StudyExperts(P, r, select, tau, il) for il, P in enumerate(layers)]
                 for b, s in zip(blocks, study):
-                    b.ffn.experts = s
+                    b.ffn = lambda x, s=s: s(x, None, None)
                 lg = held_logits()
                 dv = divergence(base, lg)
                 mean_r = float(np.mean([np.mean(s.mean_r) for s in study]))
                 print(f"shared={shared} group={group:8s} select={select:7s} tau={tau} r={r!s:5s} mean r {mean_r:5.2f}  "
                       f"ppl {perplexity(held, lg):9.2f}  KL {dv.kl_mean:.4f}  top-1 {dv.top1:.3f}", flush=True)
         for b, o in zip(blocks, originals):
-            b.ffn.experts = o
+            b.ffn = o
 
 
 if __name__ == "__main__":
