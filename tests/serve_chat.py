@@ -4,6 +4,7 @@ from __future__ import annotations
 
 HI = [{"role": "user", "content": "Say hi"}]
 COUNT = [{"role": "user", "content": "Count from 1 to 500, separated by commas."}]
+TEN = [{"role": "user", "content": "List the numbers from 1 to 10, separated by commas."}]  # "1, 2, 3, ..."
 
 
 def chat(client, messages=HI, **kw):

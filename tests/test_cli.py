@@ -31,7 +31,8 @@ def fixture_model(tmp_path_factory):
 
 
 def test_prompt_json_on_demo(tmp_path):
-    r = cli("-m", "demo", "-p", "What is the capital of France?", "--temp", "0", "--max-tokens", "16", "--json",
+    r = cli("-m", "demo", "-p", "What is the capital of France? Answer in one sentence.", "--temp", "0",
+            "--max-tokens", "16", "--json",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)

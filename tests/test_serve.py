@@ -14,7 +14,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from serve_chat import COUNT, HI, chat  # noqa: E402
+from serve_chat import COUNT, HI, TEN, chat  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 
 KEY = "test-key-1"
@@ -95,14 +95,14 @@ def test_stream_matches_the_whole_reply_and_reports_usage(client):
 
 
 def test_stop_strings_cut_the_reply(client):
-    full = chat(client, messages=COUNT, max_tokens=10).choices[0].message.content
+    full = chat(client, messages=TEN, max_tokens=10).choices[0].message.content
     assert "3" in full, full
     for stop in ("3", ["zzz", "3"]):
-        r = chat(client, messages=COUNT, max_tokens=10, stop=stop)
+        r = chat(client, messages=TEN, max_tokens=10, stop=stop)
         assert r.choices[0].message.content == full[:full.index("3")]
         assert r.choices[0].finish_reason == "stop"
     streamed = "".join(c.choices[0].delta.content or "" for c in
-                       chat(client, messages=COUNT, max_tokens=10, stop="3", stream=True) if c.choices)
+                       chat(client, messages=TEN, max_tokens=10, stop="3", stream=True) if c.choices)
     assert streamed == full[:full.index("3")]
 
 
