@@ -56,7 +56,8 @@ def balanced_groups(feat: torch.Tensor, k: int, iters: int = 12) -> torch.Tensor
 
 def matrix(g: GGUFFile, name: str) -> torch.Tensor:
     t = g.tensors[name]
-    return torch.from_numpy(dequantize(g.raw(name), GGMLQuantizationType(t.ggml_type)).astype(np.float32).reshape(t.shape))
+    w = dequantize(g.raw(name), GGMLQuantizationType(t.ggml_type)).astype(np.float32)
+    return torch.from_numpy(w.reshape(t.shape))
 
 
 def layer_data(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):

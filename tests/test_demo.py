@@ -108,7 +108,8 @@ def test_tensors(readers):
             rows = _rows(src, p + f"ffn_{kind}.weight")
             assert np.array_equal(_rows(moe, p + f"ffn_{kind}_shexp.weight"), rows[perm[i, :1024]])
             assert np.array_equal(_rows(moe, p + f"ffn_{kind}_exps.weight"), rows[perm[i, 1024:]])
-            assert m[p + f"ffn_{kind}_exps.weight"].ne == (576, 32, 16) and m[p + f"ffn_{kind}_shexp.weight"].ne == (576, 1024)
+            assert m[p + f"ffn_{kind}_exps.weight"].ne == (576, 32, 16)
+            assert m[p + f"ffn_{kind}_shexp.weight"].ne == (576, 1024)
         assert m[p + "ffn_down_exps.weight"].ne == (32, 576, 16) and m[p + "ffn_down_shexp.weight"].ne == (1024, 576)
         assert {m[p + f"ffn_down_{k}.weight"].type_name for k in ("exps", "shexp")} == {"Q8_0"}
         router = m[p + "ffn_gate_inp.weight"]

@@ -166,13 +166,16 @@ def _demo_tensors(reader: GGUFReader, hidden: int, ff: int, heads: tuple[int, in
                 yield f"{prefix}ffn_gate_inp.weight", (hidden, N_EXPERT), F32, lambda il=il: router[il].reshape(-1)
             yield f"{prefix}{kind}_exps.weight", (hidden, f, N_EXPERT), Q4_1, \
                 lambda rows=rows, il=il: rows()[perm[il, S:]].reshape(-1)
-            yield f"{prefix}{kind}_shexp.weight", (hidden, S), Q4_1, lambda rows=rows, il=il: rows()[perm[il, :S]].reshape(-1)
+            yield f"{prefix}{kind}_shexp.weight", (hidden, S), Q4_1, \
+                lambda rows=rows, il=il: rows()[perm[il, :S]].reshape(-1)
         elif kind == "ffn_down":  # columns are hidden units: regrouped and requantized
             dense = lambda t=t: dequantize(np.asarray(t.data), Q4_1).reshape(hidden, ff)  # noqa: E731
             yield f"{prefix}ffn_down_exps.weight", (f, hidden, N_EXPERT), Q8_0, lambda d=dense, il=il: _q8_0(
                 (N_EXPERT * d()[:, perm[il, S:]]).reshape(hidden, N_EXPERT, f).transpose(1, 0, 2))
-            yield f"{prefix}ffn_gate_inp_shexp.weight", (hidden,), F32, lambda: np.full(hidden, SHEXP_GATE, np.float32)
-            yield f"{prefix}ffn_down_shexp.weight", (S, hidden), Q8_0, lambda d=dense, il=il: _q8_0(2 * d()[:, perm[il, :S]])
+            yield f"{prefix}ffn_gate_inp_shexp.weight", (hidden,), F32, \
+                lambda: np.full(hidden, SHEXP_GATE, np.float32)
+            yield f"{prefix}ffn_down_shexp.weight", (S, hidden), Q8_0, \
+                lambda d=dense, il=il: _q8_0(2 * d()[:, perm[il, :S]])
         else:
             yield t.name, ne, t.tensor_type, raw
         if t.name == "token_embd.weight":  # tied in SmolLM2; llama.cpp's qwen2moe needs its own head
@@ -189,7 +192,7 @@ def build_demo(src: Path, dst: Path, progress: Progress | None = None) -> None:
         raise ModelFileError(src, "expected a llama-architecture GGUF")
     hidden = int(fields["llama.embedding_length"].contents())
     ff = int(fields["llama.feed_forward_length"].contents())
-    heads = (int(fields["llama.attention.head_count"].contents()), int(fields["llama.attention.head_count_kv"].contents()))
+    heads = tuple(int(fields[f"llama.attention.{k}"].contents()) for k in ("head_count", "head_count_kv"))
     writer = GGUFWriter(dst, ARCH)
     try:
         for key, field in fields.items():
