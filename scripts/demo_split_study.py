@@ -38,6 +38,8 @@ from rapidmoe.engine.hub.demo import N_EXPERT as E, locate_source
 from rapidmoe.engine.tune.evaluate import divergence, perplexity
 from rapidmoe.engine.loader import load_model
 
+from make_demo_moe import balanced_groups  # scripts/, beside this file
+
 
 def tensor(reader_tensors, name: str) -> torch.Tensor:
     t = reader_tensors[name]
@@ -54,24 +56,6 @@ def requant(fmt: str, w: torch.Tensor):
         return (torch.from_numpy(kernels.resplit_dequantize("wq", q, n)).view(rows, n),
                 torch.from_numpy(kernels.resplit_dequantize("wr", r, n)).view(rows, n))
     return torch.from_numpy(kernels.resplit_dequantize(fmt, kernels.resplit_quantize(fmt, a), n)).view(rows, n)
-
-
-def balanced_groups(feat: torch.Tensor, k: int, iters: int = 12) -> torch.Tensor:
-    """k-means on the rows of feat, then k equal groups (largest cluster first takes
-    its nearest free rows) -> group per row."""
-    n, m = feat.shape[0], feat.shape[0] // k
-    g = torch.Generator().manual_seed(0)
-    c = feat[torch.randperm(n, generator=g)[:k]].clone()
-    for _ in range(iters):
-        a = torch.cdist(feat, c).argmin(1)
-        c = torch.stack([feat[a == j].mean(0) if (a == j).any() else c[j] for j in range(k)])
-    dist = torch.cdist(feat, c)
-    out = torch.full((n,), -1, dtype=torch.long)
-    for j in torch.argsort(torch.bincount(a, minlength=k), descending=True).tolist():
-        d = dist[:, j].clone()
-        d[out >= 0] = float("inf")
-        out[torch.topk(d, m, largest=False).indices] = j
-    return out
 
 
 def permutation(how: str, x, g, u, d, shared: int = 0) -> torch.Tensor:
