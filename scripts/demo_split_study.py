@@ -1,25 +1,33 @@
-"""How much of the demo survives a critical-set size r < k, and why (issue: the
-demo must show the residual split). A study, not a product path: it re-runs the
-demo's MoE layers in float from the same formats the pack uses (WQ and WR from the
-joint quantizer, D4 for a critical expert's down, WQ for the others' down), with
-the critical set chosen per token by one of
+"""How much of a 16-expert re-expression of SmolLM2-135M survives a critical-set
+size r < k, and why (the study behind engine/hub/demo.py). A study, not a product
+path: it re-runs the dense model's FFNs (read from the source file) as 16 routed
+experts, in float, from the same formats the pack uses (WQ and WR from the joint
+quantizer, D4 for a critical expert's down, WQ for the others' down), with the
+critical set chosen per token by one of
 
-  router  the router's order (the demo's router is uniform: lowest ids first,
-          what the product does today);
+  router  fixed order (a uniform router: lowest ids first);
+  probe   a linear router fitted to each expert's log output size (the demo's);
   output  each expert's W_Q output size, ||silu(x·WgQ)*(x·WuQ)|| x ||WdQ||, which
           the schedule computes anyway;
   oracle  the true gain ||y_critical - y_WQ|| (an upper bound no runtime has);
+  full    no split: the source weights (with --tau, the router's weights only);
 
-and the experts of each layer either as the demo cuts them (contiguous slices of
-the dense FFN) or regrouped by co-activation on calibration text (MoEfication: a
-permutation of the hidden units, exact in float; `block32` keeps Q4_1's 32-wide
-blocks whole so the file stays bit-exact, `neuron` moves single units).
+and the experts of each layer either as contiguous slices of the dense FFN (`none`)
+or regrouped by co-activation on calibration text (MoEfication: a permutation of
+the hidden units, exact in float; `block32` keeps Q4_1's 32-wide blocks whole,
+`neuron` moves single units). --shared S keeps the S units that carry the most
+output as a shared expert at full precision; --tau T weighs expert e by
+16·softmax(T·probe)_e instead of 1.
 
     python scripts/demo_split_study.py --group none,block32,neuron --select router,output,oracle --r 4,8,12
+    python scripts/demo_split_study.py --group neuron --shared 1024 --select full,probe,oracle --tau 0.01 \
+        --r 8,w1.0 --offset 1024 --tokens 256
 
-Prints perplexity and KL against the full-precision demo on held-out tokens of
-assets/calibration.txt (prefill logits), per setting; a fractional r is a share
-threshold (r_t = how many experts carry more than r/E of the token's score).
+Prints perplexity and KL against the dense model on held-out tokens of
+assets/calibration.txt (prefill logits), per setting. r is a whole number, a
+fraction (a share threshold: r_t = how many experts carry more than r/E of the
+token's score), `w<c>` (critical while the router weight exceeds c/E) or `umia`
+(the built-in default profile).
 """
 from __future__ import annotations
 
