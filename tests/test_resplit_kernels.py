@@ -23,6 +23,7 @@ import pytest
 from gguf import GGMLQuantizationType as G
 
 import ggml_oracle as go
+from isa_paths import cpu_isa, runnable_paths
 from rapidmoe.engine import kernels
 from rapidmoe.engine.quant import resplit_oracle as o
 
@@ -292,20 +293,14 @@ def test_kernels_active_path():
     check_all(0)
 
 
-def _paths():
-    best = kernels.isa_info()["active"]
-    order = ["scalar", "avx2", "avx512"]
-    return order[: order.index(best) + 1] if best in order else ["scalar"]
-
-
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx2-novnni", "avx512", "avx512-novbmi", "avx512-novnni"])
 def test_kernels_every_isa_path(isa):
     # avx512-novbmi / -novnni: AVX-512 without VBMI / without VNNI and VBMI (WR by the AVX2 kernel);
     # avx2: with AVX-VNNI where the CPU has it (6-bit z activations), avx2-novnni: without (5-bit)
     path = isa.split("-")[0]
-    if path not in _paths():
+    if path not in runnable_paths():
         pytest.skip(f"this CPU cannot run {isa}")
-    info = kernels.isa_info()
+    info = cpu_isa()
     vnni = not isa.endswith("novnni") and info["avx512_vnni" if path == "avx512" else "avx_vnni"]
     levels = 0 if path == "scalar" else 31 if vnni else 16
     env = dict(os.environ, RAPIDMOE_ISA=isa)
