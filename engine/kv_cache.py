@@ -36,19 +36,22 @@ class KVRows:
         """The host rows themselves, as the CPU kernels take them (written in place)."""
         return self.data.numpy()
 
-    def write(self, pos0: int, x: torch.Tensor) -> None:
-        """x [T, heads, dim] float32 into positions pos0.."""
+    def write(self, pos0: int | torch.Tensor, x: torch.Tensor) -> None:
+        """x [T, heads, dim] float32 into positions pos0.. (pos0: an int, or a device tensor
+        [1] holding the position of one row: a decode token in a graph segment)."""
         T = x.shape[0]
         if self.kv_type != "q8_0":
-            self.data[:, pos0:pos0 + T] = x.transpose(0, 1)
-            return
-        xb = x.float().transpose(0, 1).reshape(self.heads, T, -1, Q8_BLOCK)
-        d = xb.abs().amax(-1, keepdim=True) / 127  # as kv_store: float scale, f32 inverse, ties to even
-        inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
-        q = torch.round(xb * inv).to(torch.int8)
-        rows = self.data[:, pos0:pos0 + T].view(self.heads, T, -1, Q8_BYTES)
-        rows[..., :2] = d.half().view(torch.uint8)
-        rows[..., 2:] = q.view(torch.uint8)
+            rows = x.transpose(0, 1)
+        else:
+            xb = x.float().transpose(0, 1).reshape(self.heads, T, -1, Q8_BLOCK)
+            d = xb.abs().amax(-1, keepdim=True) / 127  # as kv_store: float scale, f32 inverse, ties to even
+            inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+            q = torch.round(xb * inv).to(torch.int8)
+            rows = torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], dim=-1).view(self.heads, T, -1)
+        if isinstance(pos0, torch.Tensor):
+            self.data.index_copy_(1, pos0, rows.to(self.data.dtype))
+        else:
+            self.data[:, pos0:pos0 + T] = rows
 
     def read(self, S: int, dim: int | None = None) -> torch.Tensor:
         """Positions 0..S-1 as float32 [S, heads, dim] (dim: a leading part of each row)."""

@@ -7,13 +7,17 @@ Which step implementation runs is fixed by the loaded plan: the CPU step (fused
 decode blocks where a layer allows them) for `cpu` plans, the GPU step
 (engine/gpu/executor.py: attention, norms, router and KV cache on the device,
 the residual-split schedule per MoE layer) for `gpu-residual` / `gpu-partial`.
+A GPU step's decode token runs its device work between host waits as graph
+segments (engine/gpu/graphs.py), kept per KV cache.
 """
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
+from .gpu.graphs import DecodeGraphs, graphs_enabled
 from .kv_types import DEFAULT_KV_TYPE
 from .step import Step, StepTrace
 
@@ -27,6 +31,7 @@ class Runner:
         self.devices = devices  # the GPU step's device objects (engine/gpu/device.py)
         self.layer_devices = layer_devices  # per layer: where its KV cache lives (None: the host)
         self.kv_type = kv_type  # the KV cache's type (engine/kv_cache.py)
+        self._graphs = weakref.WeakKeyDictionary()  # cache -> {device name: DecodeGraphs} (GPU step, decode)
 
     @property
     def gpu_step(self) -> bool:
@@ -44,6 +49,8 @@ class Runner:
     def _run(self, tokens: torch.Tensor, pos0: int, cache, policy, last_only: bool):
         pol = self.policy if policy is None else policy
         step = Step(policy=pol, prefill=tokens.numel() > 1, fused=not self.gpu_step)
+        if self.gpu_step and tokens.numel() == 1 and graphs_enabled():
+            step.graphs = self._decode_graphs(cache, pos0)
         for d in self.devices:
             d.layer_begin()
         t0 = time.perf_counter()
@@ -57,6 +64,17 @@ class Runner:
                           ids=step.ids, seconds=seconds, where=self.where, groups=step.groups,
                           cpu_expert_s=step.cpu_expert_s, host_wait_s=step.host_wait_s, device_busy_s=busy)
         return logits, trace
+
+    def _decode_graphs(self, cache, pos: int) -> dict:
+        """The GPU step's decode graph segments for this cache (device name -> DecodeGraphs),
+        their position set to pos. They live as long as the cache."""
+        graphs = self._graphs.setdefault(cache, {})
+        for d in self.devices:
+            name = str(d.torch_device)
+            if name not in graphs:
+                graphs[name] = DecodeGraphs(d.torch_device)
+            graphs[name].begin(pos)
+        return graphs
 
     def prefill(self, tokens, pos0: int, cache, policy=None, last_only: bool = False):
         """tokens [T] at positions pos0.. -> (logits [T, V] (or [1, V] with last_only), StepTrace)."""

@@ -21,6 +21,7 @@ class Step:
     policy: Policy | None  # None: a model without split experts
     prefill: bool
     fused: bool = True  # the CPU step: fused decode blocks where a layer allows them
+    graphs: dict | None = None  # a GPU step's decode token: graph segments by device (engine/gpu/graphs.py)
     r: dict[int, np.ndarray] = field(default_factory=dict)  # MoE layer -> r per token [T]
     ids: dict[int, np.ndarray] = field(default_factory=dict)  # MoE layer -> expert ids [T, k]
     groups: dict[int, dict[str, int]] = field(default_factory=dict)  # MoE layer -> slots per schedule group

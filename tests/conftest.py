@@ -86,3 +86,16 @@ def pytest_terminal_summary(terminalreporter):
     skipped = [f"{k} ({v['skipped']})" for k, v in sorted(_isa_runs.items()) if v["skipped"] and not v["ran"]]
     terminalreporter.write_line("CPU kernel paths tested: " + (", ".join(ran) or "none")
                                 + ("; not on this CPU, skipped: " + ", ".join(skipped) if skipped else ""))
+
+
+@pytest.fixture(scope="module")
+def emulated_gpu(tmp_path_factory):
+    """engine/gpu/cuda_kernels.py with its launches going to the emulation library
+    (tests/emulator.py), for one test module."""
+    from emulator import build_emulator
+
+    from rapidmoe.engine.gpu import cuda_kernels as gk
+
+    gk.use_emulator(str(build_emulator(tmp_path_factory.mktemp("emulib"))))
+    yield gk
+    gk.use_emulator(None)

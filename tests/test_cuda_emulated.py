@@ -30,18 +30,6 @@ def _rel(a, b) -> float:
 
 
 # ---------------------------------------------------------------- engine/gpu through the emulator
-@pytest.fixture(scope="module")
-def emulated_gpu(tmp_path_factory):
-    """engine/gpu/cuda_kernels.py with its launches going to the emulation library."""
-    from emulator import build_emulator
-
-    from rapidmoe.engine.gpu import cuda_kernels as gk
-
-    gk.use_emulator(str(build_emulator(tmp_path_factory.mktemp("emulib"))))
-    yield gk
-    gk.use_emulator(None)
-
-
 def test_gpu_kernel_wrappers_emulated(emulated_gpu):
     """The real kernels through engine/gpu/cuda_kernels.py (argument packing, grids,
     layouts), every rows-per-warp variant: rows not a multiple of a CTA's, lanes

@@ -8,6 +8,8 @@ schedule.py     the residual-split schedule of one MoE layer over device.py's sm
                 interface (the GPU, or CPU tensors standing in for it in tests)
 prefill.py      W_Q experts over many tokens: dequantize to bf16 + tensor-core GEMM
 placement.py    non-expert weights on the GPU in their GGUF types
+graphs.py       a decode token's GPU work between host waits as CUDA graphs, captured
+                once per layer and KV bucket
 executor.py     attach_plan: a loaded model onto the GPU(s) exactly as its Plan says
 profile.py      how busy the GPU was (CUPTI)
 reference.py    float64 oracle of a split layer

@@ -15,6 +15,9 @@ standing in for the GPU (tests) and on a real GPU:
     down(wd, eid, h, scale)            W_Q down of selected slots, scaled per slot
     index_add(out, tok, y)             out[tok[i]] += y[i]
     zeros(T, H)
+    segment(graphs, key, fn, *dev tensors)
+                                       fn of device tensors as a decode graph segment
+                                       (engine/gpu/graphs.py), where `segments` is true
 
 Device ops are ordered like a stream: they run in the order they are issued,
 asynchronously to the host. `segment(name)` brackets device work so the busy
@@ -50,6 +53,7 @@ class StandInDevice:
 
     name = "cpu-standin"
     torch_device = torch.device("cpu")
+    segments = False  # its W_Q products are the CPU's kernels, not the GPU's: no device segments
 
     def place_weight(self, w):
         """A layer's non-expert weight as this device computes with it: the host's own."""
@@ -171,6 +175,7 @@ class CudaDevice:
     from a PinnedArena."""
 
     name = "cuda"
+    segments = True
 
     def __init__(self, device: str | torch.device = "cuda", measure: bool = False):
         d = torch.device(device)
@@ -224,6 +229,9 @@ class CudaDevice:
 
     def zeros(self, T: int, H: int) -> torch.Tensor:
         return torch.zeros(T, H, device=self.dev)
+
+    def segment(self, graphs, key: tuple, fn, *ts: torch.Tensor) -> torch.Tensor:
+        return graphs.run(key, fn, *ts)
 
     def index_add(self, out, tok: torch.Tensor, y):
         return out.index_add_(0, tok.to(self.dev, non_blocking=True), y)
@@ -330,6 +338,11 @@ class EmulatedGpuDevice(StandInDevice):
     (kernels.use_emulator): lets tests cover everything but the hardware."""
 
     name = "emulated-gpu"
+    segments = True
+
+    def segment(self, graphs, key: tuple, fn, *ts):
+        """The segment through its static buffers, run eagerly in stream order."""
+        return self._run(lambda *vs: graphs.run(key, fn, *vs), *ts)
 
     def place_weight(self, w):
         return place_weight(w, torch.device("cpu"))

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from . import cuda_kernels as gk
+from .device import Pending
 from .wq_cache import LayerWQ
 
 
@@ -89,20 +91,11 @@ class SplitSchedule:
         plan = plan_slots(ids_h.numpy(), w_h.numpy(), r, self.cache.slot_of)
         A, B = plan.group(True, True), plan.group(True, False)
         C, D = plan.group(False, True), plan.group(False, False)
-        slot = self.cache.slot_of
         t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
-
-        # W_Q gate/up of every cached slot, the critical ones (A) first: the CPU is waiting
-        # for them; in prefill each expert's W_Q is dequantized once for both groups
-        AC = np.concatenate([A, C])
-        gu_host, h = dev.gate_up_split(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[AC]]), x_dev,
-                                       torch.from_numpy(plan.tok[AC].astype(np.int32)), len(A))
-        out_dev = dev.zeros(T, self.H)
-        if len(C):
-            dev.segment_begin("W_Q down")
-            y = dev.down(self.cache.down, torch.from_numpy(slot[plan.eid[C]]), h, torch.from_numpy(plan.w[C]))
-            out_dev = dev.index_add(out_dev, t_long(C), y)
-            dev.segment_end("W_Q down")
+        if T == 1 and step.graphs is not None and dev.segments:
+            gu_host, out_dev = self._wq_segments(step.graphs[str(dev.torch_device)], x_dev, plan, A, C)
+        else:
+            gu_host, out_dev = self._wq(x_dev, plan, A, C, T)
 
         t0 = time.perf_counter()
         xh = x_host.wait().float().contiguous()  # [T, H]
@@ -138,3 +131,50 @@ class SplitSchedule:
         step.cpu_expert_s += cpu_s
         step.host_wait_s += wait_s
         return out
+
+    def _wq(self, x_dev, plan: SlotPlan, A: np.ndarray, C: np.ndarray, T: int):
+        """The cached slots' W_Q on the device -> (Pending (g, u) of A on the host or None,
+        the sum of C's outputs [T, H] on the device)."""
+        dev, slot = self.dev, self.cache.slot_of
+        # W_Q gate/up of every cached slot, the critical ones (A) first: the CPU is waiting
+        # for them; in prefill each expert's W_Q is dequantized once for both groups
+        AC = np.concatenate([A, C])
+        gu_host, h = dev.gate_up_split(self.cache.gate, self.cache.up, torch.from_numpy(slot[plan.eid[AC]]), x_dev,
+                                       torch.from_numpy(plan.tok[AC].astype(np.int32)), len(A))
+        out_dev = dev.zeros(T, self.H)
+        if len(C):
+            dev.segment_begin("W_Q down")
+            y = dev.down(self.cache.down, torch.from_numpy(slot[plan.eid[C]]), h, torch.from_numpy(plan.w[C]))
+            out_dev = dev.index_add(out_dev, torch.from_numpy(plan.tok[C]).long(), y)
+            dev.segment_end("W_Q down")
+        return gu_host, out_dev
+
+    def _wq_segments(self, g, x_dev, plan: SlotPlan, A: np.ndarray, C: np.ndarray):
+        """_wq for a decode token as two graph segments (engine/gpu/graphs.py) keyed by the
+        group sizes: A's gate/up (copied to the host after it), then C's gate/up, down
+        and sum. One upload carries the slots of A and C and C's weights (as f32 bits)."""
+        dev, c, nA, nC = self.dev, self.cache, len(A), len(C)
+        tab = np.concatenate([c.slot_of[plan.eid[np.concatenate([A, C])]].astype(np.int32),
+                              plan.w[C].astype(np.float32).view(np.int32)])
+        tab_dev = dev.to_device(torch.from_numpy(tab))
+        zeros = lambda n, like, dt=torch.int32: torch.zeros(n, dtype=dt, device=like.device)  # noqa: E731
+        gu_host = None
+        if nA:
+            def crit(xs, ts):  # raw gate and up of A, one [2 nA, F] block for one copy
+                return torch.cat(gk.wq_gate_up(c.gate, c.up, ts[:nA], zeros(nA, ts), gk.wq_prep(xs), False))
+            dev.segment_begin("critical gate/up")
+            gu = dev.to_host(dev.segment(g, ("wq-critical", self.layer, nA), crit, x_dev, tab_dev))
+            dev.segment_end("critical gate/up")
+            gu_host = Pending(lambda: (lambda b: (b[:nA], b[nA:]))(gu.wait()))
+        if not nC:
+            return gu_host, dev.zeros(1, self.H)
+
+        def rest(xs, ts):
+            eid, w = ts[nA:nA + nC], ts[nA + nC:].view(torch.float32)
+            h = gk.wq_gate_up(c.gate, c.up, eid, zeros(nC, ts), gk.wq_prep(xs), True)
+            y = gk.wq_gemv(c.down, eid, torch.arange(nC, dtype=torch.int32, device=ts.device), gk.wq_prep(h), w)
+            return zeros((1, self.H), y, torch.float32).index_add_(0, zeros(nC, ts, torch.long), y)
+        dev.segment_begin("W_Q gate/up/down")
+        out_dev = dev.segment(g, ("wq-rest", self.layer, nA, nC), rest, x_dev, tab_dev)
+        dev.segment_end("W_Q gate/up/down")
+        return gu_host, out_dev

@@ -48,7 +48,10 @@ class Attention:
         if qk_norm:
             self.q_norm_np, self.k_norm_np = self.q_norm.numpy(), self.k_norm.numpy()
 
-    def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, pos0: int | torch.Tensor, cache: KVCache, span: int | None = None
+                 ) -> torch.Tensor:
+        """pos0: the first position; for a decode token in a graph segment (engine/gpu/graphs.py),
+        the device position tensor, with span the cache rows read (the rest masked)."""
         cfg, T = self.cfg, x.shape[0]
         q = linear(x, self.wq, self.bq)  # [T, nh*hd]
         k = linear(x, self.wk, self.bk)  # [T, nkv*hd]
@@ -65,7 +68,9 @@ class Attention:
         kc, vc = cache.k[self.il], cache.v[self.il]
         kc.write(pos0, k)
         vc.write(pos0, v.view(T, cfg.n_head_kv, cfg.head_dim_v))
-        if kc.device.type == "cpu":  # the cache read in place, in its type, flash-style over threads
+        if span is not None:
+            o = attend(q, kc.read(span), vc.read(span), pos0, self.scale)
+        elif kc.device.type == "cpu":  # the cache read in place, in its type, flash-style over threads
             o = torch.from_numpy(kernels.attn_cached(q.numpy(), kc.array(), vc.array(), pos0, cfg.n_head,
                                                      self.scale)).view(T, -1)
         else:
@@ -123,6 +128,8 @@ class Block:
                 and self.ffn.fusable(step))
 
     def __call__(self, x: torch.Tensor, pos0: int, cache: KVCache, step) -> torch.Tensor:
+        if x.shape[0] == 1 and step.graphs is not None:
+            return self.segments(x, pos0, cache, step, step.graphs[str(self.device)])
         decode = x.shape[0] == 1 and step.fused  # the CPU step: each half in one kernel call
         if decode and getattr(self.attn, "fusable", lambda: False)():
             h = self.attn.decode_block(x, self.attn_norm, self.eps, pos0, cache)
@@ -132,6 +139,24 @@ class Block:
             return self.ffn.decode_block(h, self.ffn_norm, self.eps, step)
         return h + (self.ffn(rms_norm(h, self.ffn_norm, self.eps), step) if isinstance(self.ffn, MoEFFN)
                     else self.ffn(rms_norm(h, self.ffn_norm, self.eps)))
+
+    def segments(self, x: torch.Tensor, pos: int, cache: KVCache, step, g) -> torch.Tensor:
+        """A decode token of the GPU step through graph segments (g: the DecodeGraphs of this
+        block's device, engine/gpu/graphs.py): the attention half over a bucket of cache
+        rows, then the dense FFN, or the router (norm included), the experts' schedule
+        (its device work in segments of its own) and the shared expert."""
+        il, span = self.attn.il, g.bucket(pos + 1, cache.n_ctx)
+        h = g.run(("attn", il, span),
+                  lambda xs: xs + self.attn(rms_norm(xs, self.attn_norm, self.eps), g.pos, cache, span), x)
+        ffn = self.ffn
+        if not isinstance(ffn, MoEFFN):
+            return g.run(("ffn", il), lambda hs: hs + ffn(rms_norm(hs, self.ffn_norm, self.eps)), h)
+
+        def router(hs):
+            xn = rms_norm(hs, self.ffn_norm, self.eps)
+            return (xn, *ffn.route(xn))
+        xn, ids, w = g.run(("route", il), router, h)
+        return h + ffn.expert_sum(xn, ids, w, step, g)
 
 
 class BlockChain:
@@ -214,7 +239,8 @@ class Transformer:
         if last_only:
             x = x[-1:]
         x = x.to(self.head_device)
-        return linear(rms_norm(x, self.output_norm, self.cfg.rms_eps), self.output)
+        head = lambda xs: linear(rms_norm(xs, self.output_norm, self.cfg.rms_eps), self.output)  # noqa: E731
+        return head(x) if step.graphs is None else step.graphs[str(self.head_device)].run(("head",), head, x)
 
 
 def routed_ffn(cfg: ModelConfig, W: Weights, il: int, shared=None) -> MoEFFN:

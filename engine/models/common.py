@@ -82,12 +82,16 @@ class Rope:
             self._on[device] = (self.cos.to(device), self.sin.to(device))
         return self._on[device]
 
-    def __call__(self, x: torch.Tensor, pos0: int) -> torch.Tensor:
-        # x [T, H, hd] -> same; rotates the first `dim` dims of each head
+    def __call__(self, x: torch.Tensor, pos0: int | torch.Tensor) -> torch.Tensor:
+        # x [T, H, hd] -> same; rotates the first `dim` dims of each head. pos0: the first
+        # position, or (a decode token in a graph segment) a device tensor [1] holding it
         T = x.shape[0]
         cos_t, sin_t = self.tables(x.device)
-        cos = cos_t[pos0:pos0 + T, None, :]  # [T, 1, d/2]
-        sin = sin_t[pos0:pos0 + T, None, :]
+        if isinstance(pos0, torch.Tensor):
+            cos, sin = cos_t.index_select(0, pos0)[:, None, :], sin_t.index_select(0, pos0)[:, None, :]
+        else:
+            cos = cos_t[pos0:pos0 + T, None, :]  # [T, 1, d/2]
+            sin = sin_t[pos0:pos0 + T, None, :]
         d = self.dim
         rot, rest = x[..., :d], x[..., d:]
         if self.style == "neox":
@@ -114,9 +118,12 @@ class KVCache:
         return sum(r.nbytes for r in self.k + self.v)
 
 
-def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int | torch.Tensor,
+           scale: float) -> torch.Tensor:
     """Causal attention of T new queries at positions pos0.. over the cache.
-    q [T, H, hd], k_all [S, Hkv, hd], v_all [S, Hkv, hdv] with S = pos0 + T -> [T, H*hdv]."""
+    q [T, H, hd], k_all [S, Hkv, hd], v_all [S, Hkv, hdv] with S = pos0 + T -> [T, H*hdv].
+    A decode token in a graph segment: pos0 a device tensor [1], S a bucket of rows
+    (engine/gpu/graphs.kv_bucket), the rows past pos0 masked."""
     T, H, hd = q.shape
     S, Hkv, _ = k_all.shape
     rep = H // Hkv
@@ -124,7 +131,10 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
     if T == 1:
         # decode: the rep query heads of a group read their K/V head in place (no copy of the cache)
         qg = q.view(Hkv, rep, hd)  # [Hkv, rep, hd]
-        p = torch.softmax(torch.matmul(qg, kh.transpose(1, 2)) * scale, dim=-1)  # [Hkv, rep, S]
+        s = torch.matmul(qg, kh.transpose(1, 2)) * scale  # [Hkv, rep, S]
+        if isinstance(pos0, torch.Tensor):
+            s = s.masked_fill(unwritten(S, pos0), float("-inf"))
+        p = torch.softmax(s, dim=-1)
         return torch.matmul(p, vh).reshape(1, -1)  # [1, H*hdv]
     # prefill: chunks of queries against the keys they can see (later keys are never
     # computed), the rep query heads of a group batched over their shared K/V head
@@ -142,6 +152,11 @@ def attend(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, pos0: int,
         p = torch.softmax(s.mul_(scale).masked_fill_(hidden, float("-inf")), dim=-1)
         out[c0:c1] = torch.matmul(p, vh[:, None, :s1]).permute(2, 0, 1, 3)
     return out.view(T, -1)
+
+
+def unwritten(S: int, pos: torch.Tensor) -> torch.Tensor:
+    """[S] bool: the cache rows past the decode position in the device tensor pos [1]."""
+    return torch.arange(S, device=pos.device) > pos
 
 
 def embed(table, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from ..kv_cache import KVRows
 from ..kv_types import DEFAULT_KV_TYPE, check_kv_type
 from ..weights import QWeight, Weights
 from ..ops import linear
-from .common import Rope, rms_norm
+from .common import Rope, rms_norm, unwritten
 
 
 _SCORES_MAX = 1 << 25  # attention scores held at once (128 MiB in f32)
@@ -130,7 +130,10 @@ class MLAttention:
             self.scale, self.nope, cfg.mla.head_dim_v)
         return torch.from_numpy(out).view(1, -1)
 
-    def __call__(self, x: torch.Tensor, pos0: int, cache: MLACache) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, pos0: int | torch.Tensor, cache: MLACache, span: int | None = None
+                 ) -> torch.Tensor:
+        """pos0, span: as Attention's (a decode token in a graph segment: the device position
+        tensor and the cache rows read)."""
         cfg, T = self.cfg, x.shape[0]
         nh, kv = cfg.n_head, self.kv
         if self.wq is not None:
@@ -145,14 +148,14 @@ class MLAttention:
         k_pe = self.rope(ckv[:, None, kv:], pos0)[:, 0]  # [T, rope]
         rows = cache.kv[self.il]
         rows.write(pos0, torch.cat([rms_norm(ckv[:, :kv], self.kv_a_norm, cfg.rms_eps), k_pe], dim=-1)[:, None])
-        S = pos0 + T
+        S = pos0 + T if span is None else span
 
         qcat = torch.cat([q_lat, q_pe], dim=-1)  # [T, nh, kv + rope]
         if cfg.mla.attn_temp_scale:  # llama.cpp's per-position query temperature
-            pos = torch.arange(pos0, S, dtype=torch.float64)
+            pos = pos0.double() if span is not None else torch.arange(pos0, S, dtype=torch.float64, device=x.device)
             temp = torch.log(torch.floor(pos / cfg.mla.attn_temp_length) + 1) * cfg.mla.attn_temp_scale + 1
-            qcat = qcat * temp.float().to(x.device)[:, None, None]
-        if rows.device.type == "cpu":  # every head over the cached rows in place, flash-style over threads
+            qcat = qcat * temp.float()[:, None, None]
+        if span is None and rows.device.type == "cpu":  # every head over the cached rows in place, flash-style
             o_lat = torch.from_numpy(kernels.attn_cached(qcat.contiguous().numpy(), rows.array(), None, pos0, nh,
                                                          self.scale, v_dim=kv)).view(T, nh, kv)
             return linear(per_head(self.v_b, o_lat).reshape(T, -1), self.wo)
@@ -162,7 +165,9 @@ class MLAttention:
         for t0 in range(0, T, step):
             t1 = min(T, t0 + step)
             scores = (qcat[t0:t1] @ keys.T) * self.scale  # [t, nh, S]
-            if T > 1:
+            if span is not None:
+                scores = scores.masked_fill(unwritten(S, pos0), float("-inf"))
+            elif T > 1:
                 causal = (torch.arange(S, device=x.device)[None, :]
                           <= torch.arange(pos0 + t0, pos0 + t1, device=x.device)[:, None])  # [t, S]
                 scores = scores.masked_fill(~causal[:, None, :], float("-inf"))

@@ -42,12 +42,20 @@ class MoEFFN:
 
     def __call__(self, x: torch.Tensor, step) -> torch.Tensor:
         # x [T, H] -> [T, H]
-        ids, w = route(linear(x, self.router_w), self.spec, self.bias)  # [T, k], [T, k]
+        return self.expert_sum(x, *self.route(x), step)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (ids [T, k], weights [T, k])."""
+        return route(linear(x, self.router_w), self.spec, self.bias)
+
+    def expert_sum(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, step, graphs=None) -> torch.Tensor:
+        """The routed experts' weighted sum plus the shared expert's output (graphs: a
+        decode token's graph segments, engine/gpu/graphs.py, which run the shared expert)."""
         if ids.device.type == "cpu":  # on a GPU the schedule records them from its one routing copy
             step.ids[self.layer] = ids.numpy()
         out = self.experts(x, ids, w, step)
         if self.shared is not None:
-            out = out + self.shared(x)
+            out = out + (self.shared(x) if graphs is None else graphs.run(("shared", self.layer), self.shared, x))
         return out
 
     def fusable(self, step) -> bool:

@@ -10,6 +10,9 @@ side in one run:
       (what `plan` says for the real V3 layout: gpu-partial on one H200)
   (c) the CPU only
 
+plus (b) at r = 2 with the decode graph segments off (RAPIDMOE_GPU_GRAPHS=0), and the
+greedy text with and without them.
+
 `--standin` runs the same flow at a tiny size on a stand-in GPU (CI)."""
 from __future__ import annotations
 
@@ -98,18 +101,26 @@ def main() -> int:
         t0 = time.perf_counter()
         cli("convert", "-m", str(src), env=env)
         print(f"converted in {time.perf_counter() - t0:.0f} s", flush=True)
-        r = cli("-m", str(src), "-p", "Name three colours.", "--temp", "0", "--max-tokens", "16", "--verbose",
-                "--json", "--critical", "auto", env=env)
+        ask = ("-m", str(src), "-p", "Name three colours.", "--temp", "0", "--max-tokens", "16", "--verbose",
+               "--json", "--critical", "auto")
+        r = cli(*ask, env=env)
         print("\n== -p --verbose --json\n" + r.stdout.strip() + "\n" + r.stderr.strip(), flush=True)
+        # the decode graph segments (engine/gpu/graphs.py) against the same step run eagerly
+        eager = json.loads(cli(*ask, env={**env, "RAPIDMOE_GPU_GRAPHS": "0"}).stdout)["text"]
+        same = eager == json.loads(r.stdout)["text"]
+        print(f"graph segments: greedy text {'equal to' if same else '!! differs from'} the eager GPU step"
+              + ("" if same else f" (eager: {eager!r})"), flush=True)
         ctx = ["--cache-fraction"]
-        runs = [("(a) KTransformers-style: routed experts on the CPU", "k", ctx + ["0"], "0%"),
-                ("(b) residual split", "k,2,auto", ["--mode", "gpu-residual"], "100%"),
-                ("(b) residual split", "k,2,auto", ctx + [f"{frac:.6f}"], f"{frac:.0%}"),
-                ("(c) CPU only", "k,auto", ["--mode", "cpu"], "—")]
+        no_graphs = {"RAPIDMOE_GPU_GRAPHS": "0"}
+        runs = [("(a) KTransformers-style: routed experts on the CPU", "k", ctx + ["0"], "0%", {}),
+                ("(b) residual split", "k,2,auto", ["--mode", "gpu-residual"], "100%", {}),
+                ("(b) residual split, no graph segments", "2", ["--mode", "gpu-residual"], "100%", no_graphs),
+                ("(b) residual split", "k,2,auto", ctx + [f"{frac:.6f}"], f"{frac:.0%}", {}),
+                ("(c) CPU only", "k,auto", ["--mode", "cpu"], "—", {})]
         rows, kt = [], None
-        for name, settings, flags, cache in runs:
+        for name, settings, flags, cache, extra in runs:
             t0 = time.perf_counter()
-            got = bench(str(src), settings, flags, a.prompt, a.gen, env)
+            got = bench(str(src), settings, flags, a.prompt, a.gen, {**env, **extra})
             print(f"bench {name} {settings} {' '.join(flags)}: {time.perf_counter() - t0:.0f} s", flush=True)
             by = {}
             for row in got:
