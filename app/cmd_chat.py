@@ -195,6 +195,9 @@ def _print_result(args, final: Finished, model, chat, remote) -> None:
               f"TTFT {final.ttft_s * 1000:.0f} ms | finish: {final.finish_reason}", file=sys.stderr)
         print(f"placement: {model.placement}" if model else f"answered by: {chat.answered_by} ({remote.base_url})",
               file=sys.stderr)
+        graphs = model.runner.graph_summary() if model else None
+        if graphs:
+            print(f"decode graphs: {graphs}", file=sys.stderr)
 
 
 def _open_history(args):

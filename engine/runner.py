@@ -76,6 +76,21 @@ class Runner:
             graphs[name].begin(pos)
         return graphs
 
+    def graph_summary(self) -> str | None:
+        """The decode graph segments in one line (None: the CPU step)."""
+        if not self.gpu_step:
+            return None
+        if not graphs_enabled():
+            return "off (RAPIDMOE_GPU_GRAPHS=0)"
+        gs = [g for per in list(self._graphs.values()) for g in per.values()]
+        n, captured = sum(g.n_segments for g in gs), sum(g.captures for g in gs)
+        failed = next((g.failed for g in gs if g.failed), None)
+        if failed:
+            return f"{n} segments, {captured} captured, the rest eager: a capture failed ({failed})"
+        if not captured:
+            return f"{n} segments, run eagerly (no CUDA device)"
+        return f"{n} segments, captured in {sum(g.capture_s for g in gs):.2f} s"
+
     def prefill(self, tokens, pos0: int, cache, policy=None, last_only: bool = False):
         """tokens [T] at positions pos0.. -> (logits [T, V] (or [1, V] with last_only), StepTrace)."""
         t = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rapidmoe.engine.gpu.graphs import KV_BUCKET, kv_bucket
+from rapidmoe.engine.gpu.graphs import KV_BUCKET, DecodeGraphs, kv_bucket
 from rapidmoe.engine.loader import load_model
 from rapidmoe.engine.moe.block import MoEFFN
 from rapidmoe.engine.plan.planner import PlanRequest
@@ -33,6 +33,22 @@ def test_kv_bucket_grows_by_steps_and_stops_at_the_context():
     for s in range(1, 5000, 37):  # never fewer rows than written, at most 1/8 (or one bucket) more
         b = kv_bucket(s, 1 << 20)
         assert s <= b <= max(s + KV_BUCKET - 1, s * 9 // 8 + 1)
+
+
+def test_a_refused_capture_leaves_the_segments_eager():
+    """Where the driver refuses a capture, that segment and the later ones run eagerly
+    (one line kept for --verbose), the results unchanged."""
+    g = DecodeGraphs(torch.device("cpu"))
+    g.capture = True  # as on a GPU, with a capture that fails
+
+    def refuse(fn, statics):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+    g._capture = refuse
+    x = torch.arange(4.0)
+    assert torch.equal(g.run(("a",), lambda v: v * 2, x), x * 2)
+    assert torch.equal(g.run(("a",), lambda v: v * 2, x + 1), (x + 1) * 2)  # the static input takes the new x
+    assert g.failed == "operation not permitted when stream is capturing" and g.captures == 0
+    assert torch.equal(g.run(("b",), lambda v: v - 1, x), x - 1) and g.n_segments == 2
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])

@@ -172,6 +172,7 @@ def test_prompt_greedy_text_equal_and_placement(files, model, critical, n):
     assert ja["plan_mode"] == "cpu" and ja["placement"].startswith("CPU-centric")
     assert jb["plan_mode"] == "gpu-residual" and jb["placement"].startswith("stand-in GPU 0: attention + KV + W_Q 100%")
     assert f"placement: {jb['placement']}" in b.stderr
+    assert "decode graphs: " in b.stderr and "decode graphs" not in a.stderr
 
 
 def test_two_standin_gpus_split_the_layers_as_planned(files, monkeypatch):

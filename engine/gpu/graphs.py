@@ -57,6 +57,11 @@ class DecodeGraphs:
         self._seg: dict[tuple, tuple] = {}  # key -> (graph or None, static inputs, static outputs)
         self._outputs: set[int] = set()  # where the captured segments' outputs live
         self.captures, self.capture_s = 0, 0.0
+        self.failed: str | None = None  # why a capture failed: the segments after it run eagerly
+
+    @property
+    def n_segments(self) -> int:
+        return len(self._seg)
 
     @staticmethod
     def bucket(S: int, n_ctx: int) -> int:
@@ -86,8 +91,15 @@ class DecodeGraphs:
         # an input that is another segment's output buffer (the router's normed x feeding
         # the experts and the shared expert) is its own static input: no copy per token
         statics = tuple(x if x.data_ptr() in self._outputs else x.clone() for x in xs)
-        if not self.capture:
+        if not self.capture or self.failed:
             return None, statics, None
+        try:
+            return self._capture(fn, statics)
+        except RuntimeError as e:  # the driver refused something in the segment: run it eagerly
+            self.failed = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            return None, statics, None
+
+    def _capture(self, fn, statics: tuple) -> tuple:
         t0 = time.perf_counter()
         with torch.cuda.device(self.device):
             main = torch.cuda.current_stream(self.device)
