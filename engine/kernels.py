@@ -274,3 +274,16 @@ def resplit_moe_forward(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, ncr
         np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int32),
         np.ascontiguousarray(weights, dtype=np.float32), np.ascontiguousarray(ncrit, dtype=np.int32),
         u8(gate_q), u8(up_q), u8(down_q), u8(gate_r), u8(up_r), u8(down4), source)
+
+
+def resplit_residual_forward(x: np.ndarray, tok: np.ndarray, ids: np.ndarray, weights: np.ndarray, gq: np.ndarray,
+                             uq: np.ndarray, parts: dict[str, np.ndarray]) -> np.ndarray:
+    """Critical slots whose x . W_Q of gate and up came from elsewhere (the GPU's share of the
+    residual split) -> out [T, H] = sum over slots i of weights[i] * (silu(gq[i] + x[tok[i]] . W_R
+    gate) * (uq[i] + x[tok[i]] . W_R up)) . D4, at row tok[i]. x [T, H]; tok, ids, weights [n];
+    gq, uq [n, F]; parts: the layer's pack arrays (gate_q, up_q, down_q, gate_r, up_r, down4)."""
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    i32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
+    return _cpu.resplit_residual_forward(f32(x), i32(tok), i32(ids), f32(weights), f32(gq), f32(uq),
+                                         *(np.ascontiguousarray(parts[n], dtype=np.uint8) for n in
+                                           ("gate_q", "up_q", "down_q", "gate_r", "up_r", "down4")))

@@ -124,6 +124,7 @@ def check_all(seed=0):
     rng = np.random.default_rng(seed)
     _check_expert_matmul(rng)
     _check_moe_forward(rng)
+    _check_residual_forward(rng)
     _check_moe_from_source(rng)
     _check_nan(rng)
 
@@ -213,6 +214,27 @@ def _check_moe_forward(rng):
     for r in range(k + 1):
         ncrit = np.array([r], np.int32)
         close(kernels.resplit_moe_forward(x, ids, wts, ncrit, **L), moe_reference(L, x, ids, wts, ncrit, H, F))
+
+
+def _check_residual_forward(rng):
+    """Critical slots on W_Q partials computed elsewhere (the GPU's): W_R added to them, D4
+    down, the weighted sum per token; decode and prefill (experts repeated across tokens),
+    odd widths."""
+    for E, H, F, T, n in ((7, 99, 45, 1, 3), (5, 200, 72, 6, 13)):
+        L = make_layer(rng, E, H, F)
+        x = rng.standard_normal((T, H)).astype(np.float32)
+        tok = np.sort(rng.integers(0, T, n)).astype(np.int32)
+        ids = rng.integers(0, E, n).astype(np.int32)
+        wts = rng.random(n).astype(np.float32)
+        gq, uq = (rng.standard_normal((2, n, F)) * 0.5).astype(np.float32)
+        ref = np.zeros((T, H))
+        for i, (t, e) in enumerate(zip(tok, ids)):
+            xr = wr_x(x[t]).astype(np.float64)
+            g = gq[i] + o.dequantize("wr", L["gate_r"][e], H).astype(np.float64) @ xr
+            u = uq[i] + o.dequantize("wr", L["up_r"][e], H).astype(np.float64) @ xr
+            h = (silu(g) * u).astype(np.float32)
+            ref[t] += wts[i] * (o.dequantize("d4", L["down4"][e], F).astype(np.float64) @ wq_x(h))
+        close(kernels.resplit_residual_forward(x, tok, ids, wts, gq, uq, L), ref)
 
 
 def _check_moe_from_source(rng):
@@ -317,6 +339,14 @@ def test_moe_forward_rejects_bad_input():
     rng = np.random.default_rng(0)
     L = make_layer(rng, 2, 64, 32)
     x = np.zeros((1, 64), np.float32)
+    part = np.zeros((1, 32), np.float32)
+    one = np.ones(1, np.float32)
+    with pytest.raises(ValueError, match="expert id"):
+        kernels.resplit_residual_forward(x, np.zeros(1), np.array([2]), one, part, part, L)
+    with pytest.raises(ValueError, match="token out of range"):
+        kernels.resplit_residual_forward(x, np.ones(1), np.zeros(1), one, part, part, L)
+    with pytest.raises(ValueError, match="gq, uq"):
+        kernels.resplit_residual_forward(x, np.zeros(1), np.zeros(1), one, part[:, :16], part[:, :16], L)
     with pytest.raises(ValueError, match="expert id"):
         kernels.resplit_moe_forward(x, np.array([[2]]), np.ones((1, 1)), np.zeros(1), **L)
     with pytest.raises(ValueError, match="critical"):

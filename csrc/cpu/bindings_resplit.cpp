@@ -190,6 +190,35 @@ void def_resplit(py::module_& m) {
      py::arg("down_q"), py::arg("gate_r") = py::none(), py::arg("up_r") = py::none(), py::arg("down4") = py::none(),
      py::arg("source") = py::none(),
      "split-execution MoE layer on the CPU -> out [T, H]; critical experts from source's tensors when given");
+  m.def("resplit_residual_forward", [](const F32Array& x, const I32Array& tok, const I32Array& ids,
+                                       const F32Array& weights, const F32Array& gq, const F32Array& uq,
+                                       const U8Array& gate_q, const U8Array& up_q, const U8Array& down_q,
+                                       const U8Array& gate_r, const U8Array& up_r, const U8Array& down4) {
+    if (x.ndim() != 2 || tok.ndim() != 1 || ids.ndim() != 1 || weights.ndim() != 1 || gq.ndim() != 2 ||
+        uq.ndim() != 2 || ids.shape(0) != tok.shape(0) || weights.shape(0) != tok.shape(0) ||
+        gq.shape(0) != tok.shape(0) || uq.shape(0) != tok.shape(0) || gq.shape(1) != uq.shape(1))
+      throw py::value_error("resplit_residual_forward: x [T,H], tok, ids, weights [n], gq, uq [n,F]");
+    const size_t T = x.shape(0), H = x.shape(1), n = tok.shape(0);
+    const MoeArgs M(gate_q, up_q, down_q, gate_r, up_r, down4, py::none(), H, true, "resplit_residual_forward");
+    if ((size_t)gq.shape(1) != M.mw.F) throw py::value_error("resplit_residual_forward: gq, uq [n, F] with the experts' F");
+    for (size_t i = 0; i < n; ++i) {
+      if (ids.data()[i] < 0 || (size_t)ids.data()[i] >= M.mw.E)
+        throw py::value_error("resplit_residual_forward: expert id out of range");
+      if (tok.data()[i] < 0 || (size_t)tok.data()[i] >= T) throw py::value_error("resplit_residual_forward: token out of range");
+    }
+    F32Array out({(py::ssize_t)T, (py::ssize_t)H});
+    const float *xp = x.data(), *wp = weights.data(), *gp = gq.data(), *up = uq.data();
+    const int32_t *tp = tok.data(), *ip = ids.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      rmoe::resplit::residual_forward(M.mw, xp, T, n, tp, ip, wp, gp, up, op);
+    }
+    return out;
+  }, py::arg("x"), py::arg("tok"), py::arg("ids"), py::arg("weights"), py::arg("gq"), py::arg("uq"), py::arg("gate_q"),
+     py::arg("up_q"), py::arg("down_q"), py::arg("gate_r"), py::arg("up_r"), py::arg("down4"),
+     "critical slots whose x.WQ of gate/up came from elsewhere (the GPU) -> out [T, H], the slots' weighted "
+     "sum of (silu(gq + x.WRg) * (uq + x.WRu)).D4");
 }
 
 }  // namespace bind

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .. import kernels
 from . import cuda_kernels as gk
@@ -108,20 +107,12 @@ class SplitSchedule:
                                             plan.w[BD].reshape(-1, 1), plan.crit[BD].astype(np.int32),
                                             p["gate_q"], p["up_q"], p["down_q"], p["gate_r"], p["up_r"], p["down4"])
             out_cpu.index_add_(0, t_long(BD), torch.from_numpy(y))
-        if len(A):
+        if len(A):  # W_R and D4 of the critical slots on their W_Q partials from the device
             t_wait = time.perf_counter()
             g, u = gu_host.wait()  # [nA, F] each
             wait_s += time.perf_counter() - t_wait
-            order = np.argsort(plan.eid[A], kind="stable")  # each expert's residual bytes read once
-            e_u, counts = np.unique(plan.eid[A][order], return_counts=True)
-            e_u, counts = e_u.astype(np.int32), counts.astype(np.int64)
-            xs = xh[plan.tok[A][order]].numpy()
-            g = g[order] + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["gate_r"], self.H, e_u, xs, counts))
-            u = u[order] + torch.from_numpy(kernels.resplit_expert_matmul("wr", p["up_r"], self.H, e_u, xs, counts))
-            hA = (F.silu(g) * u).contiguous().numpy()
-            y = torch.from_numpy(kernels.resplit_expert_matmul("d4", p["down4"], hA.shape[1], e_u, hA, counts))
-            out_cpu.index_add_(0, torch.from_numpy(plan.tok[A][order]).long(),
-                               y * torch.from_numpy(plan.w[A][order])[:, None])
+            out_cpu += torch.from_numpy(kernels.resplit_residual_forward(
+                xh.numpy(), plan.tok[A], plan.eid[A], plan.w[A], g.numpy(), u.numpy(), p))
         cpu_s = time.perf_counter() - t0 - wait_s
         wait_s += route_wait
         out = dev.add(out_dev, dev.to_device(out_cpu)) if len(BD) or len(A) else out_dev

@@ -246,6 +246,12 @@ struct MoeWeights {
 void moe_forward(const MoeWeights& w, const float* x /*[T,H]*/, size_t T, size_t k,
                  const int32_t* ids /*[T,k]*/, const float* weights /*[T,k]*/,
                  const int32_t* ncrit /*[T]*/, float* out /*[T,H]*/);
+// Critical slots whose x.WQ of gate and up was computed elsewhere (the GPU's share of
+// the residual split): g = gq + x.WRg, u = uq + x.WRu, y = (silu(g)*u).D4, and
+// out [T,H] = sum over slots i of weights[i] * y_i at row tok[i].
+void residual_forward(const MoeWeights& w, const float* x /*[T,H]*/, size_t T, size_t n, const int32_t* tok /*[n]*/,
+                      const int32_t* ids /*[n]*/, const float* weights /*[n]*/, const float* gq /*[n,F]*/,
+                      const float* uq /*[n,F]*/, float* out /*[T,H]*/);
 
 // ISA variants; only called after isa.cpp allows them.
 #define RMOE_RESPLIT_VARIANTS(sfx)                                                                   \

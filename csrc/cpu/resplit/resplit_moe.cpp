@@ -245,5 +245,56 @@ void moe_forward(const MoeWeights& w, const float* x, size_t T, size_t k, const 
   }, T == 1 ? H : 256);  // a decode token's sum is too small to share
 }
 
+void residual_forward(const MoeWeights& w, const float* x, size_t T, size_t n, const int32_t* tok, const int32_t* ids,
+                      const float* weights, const float* gq, const float* uq, float* out) {
+  const size_t E = w.E, H = w.H, F = w.F;
+  // slots grouped by expert, in slot order within a group: each expert's residual rows are
+  // decoded once per 4 of its tokens
+  std::vector<int64_t> first(E + 1, 0), rows(n);
+  for (size_t i = 0; i < n; ++i) ++first[(size_t)ids[i] + 1];
+  for (size_t e = 0; e < E; ++e) first[e + 1] += first[e];
+  {
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (size_t i = 0; i < n; ++i) rows[(size_t)fill[(size_t)ids[i]]++] = (int64_t)i;
+  }
+  std::vector<int32_t> gid;
+  std::vector<int64_t> goff, gcnt;
+  for (size_t e = 0; e < E; ++e)
+    if (first[e + 1] > first[e]) gid.push_back((int32_t)e), goff.push_back(first[e]), gcnt.push_back(first[e + 1] - first[e]);
+  const size_t pr = prep_floats(Fmt::WR, H), h4 = prep_floats(Fmt::D4, F);
+  Scratch scratch;
+  const size_t oTR = scratch.add<float>(T * pr), oXR = scratch.add<float>(n * pr), oGR = scratch.add<float>(n * F);
+  const size_t oUR = scratch.add<float>(n * F), oH4 = scratch.add<float>(n * h4), oY = scratch.add<float>(n * H);
+  uint8_t* base = scratch.commit();
+  auto at = [&](size_t o) { return reinterpret_cast<float*>(base + o); };
+  float *TR = at(oTR), *XR = at(oXR), *GR = at(oGR), *UR = at(oUR), *H4 = at(oH4), *Y = at(oY);
+  parallel_for(T, [&](size_t b, size_t e, int) {
+    for (size_t t = b; t < e; ++t) prep_x(Fmt::WR, x + t * H, H, &TR[t * pr]);
+  }, 4);
+  for (size_t r = 0; r < n; ++r) std::memcpy(&XR[r * pr], &TR[(size_t)tok[rows[r]] * pr], pr * sizeof(float));
+  GemmJob jobs[2] = {{Fmt::WR, w.gate_r, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XR, GR, false},
+                     {Fmt::WR, w.up_r, F, H, gid.data(), goff.data(), gcnt.data(), gid.size(), XR, UR, false}};
+  run_jobs(jobs, 2);
+  parallel_for(n, [&](size_t b, size_t e, int) {
+    std::vector<float> g(F), u(F), h(F);
+    for (size_t r = b; r < e; ++r) {
+      const size_t i = (size_t)rows[r];
+      for (size_t j = 0; j < F; ++j) g[j] = gq[i * F + j] + GR[r * F + j], u[j] = uq[i * F + j] + UR[r * F + j];
+      silu_mul(g.data(), u.data(), F, h.data());
+      prep_x(Fmt::D4, h.data(), F, &H4[r * h4]);
+    }
+  }, 16);
+  GemmJob down{Fmt::D4, w.down4, H, F, gid.data(), goff.data(), gcnt.data(), gid.size(), H4, Y, false};
+  run_jobs(&down, 1);
+  parallel_for(H, [&](size_t c0, size_t c1, int) {
+    for (size_t t = 0; t < T; ++t) std::memset(out + t * H + c0, 0, (c1 - c0) * sizeof(float));
+    for (size_t r = 0; r < n; ++r) {
+      const size_t t = (size_t)tok[rows[r]];
+      const float wt = weights[rows[r]];
+      for (size_t c = c0; c < c1; ++c) out[t * H + c] += wt * Y[r * H + c];
+    }
+  }, T == 1 ? H : 256);
+}
+
 }  // namespace resplit
 }  // namespace rmoe
