@@ -80,14 +80,14 @@ class SplitSchedule:
         # CPU's share depends on it. This and the critical partials are the layer's waits.
         T, k = ids.shape
         t_wait = time.perf_counter()
-        packed = torch.cat([ids.to(torch.float32), w.to(torch.float32)], dim=1).cpu()  # [T, 2k]
+        packed = torch.cat([ids.to(torch.float32), w.to(torch.float32)], dim=1).cpu().numpy()  # [T, 2k]
         route_wait = time.perf_counter() - t_wait
-        ids_h, w_h = packed[:, :k].long(), packed[:, k:]
-        step.ids[self.layer] = ids_h.numpy()  # selection order, as the CPU step records them
-        order = torch.argsort(w_h, dim=1, descending=True, stable=True)  # critical = largest weights
-        ids_h, w_h = ids_h.gather(1, order), w_h.gather(1, order)
-        r = step.choose(w_h, self.layer)
-        plan = plan_slots(ids_h.numpy(), w_h.numpy(), r, self.cache.slot_of)
+        ids_h, w_h = packed[:, :k].astype(np.int64), packed[:, k:]
+        step.ids[self.layer] = ids_h  # selection order, as the CPU step records them
+        order = np.argsort(-w_h, axis=1, kind="stable")  # critical = largest weights (ties: selection order)
+        ids_h, w_h = np.take_along_axis(ids_h, order, 1), np.ascontiguousarray(np.take_along_axis(w_h, order, 1))
+        r = step.choose(torch.from_numpy(w_h), self.layer)
+        plan = plan_slots(ids_h, w_h, r, self.cache.slot_of)
         A, B = plan.group(True, True), plan.group(True, False)
         C, D = plan.group(False, True), plan.group(False, False)
         t_long = lambda g: torch.from_numpy(plan.tok[g]).long()  # noqa: E731
