@@ -113,11 +113,22 @@ class DecodeGraphs:
             # occur (a new bucket, much later than the rest), so a pool block one segment frees
             # after its capture may be another's scratch; an output there would be overwritten.
             outs = tuple(t.clone() for t in ((warm,) if single else warm))
+            # capture_begin/end rather than torch.cuda.graph(), which synchronizes the device and
+            # empties the allocator's cache before every capture (hundreds on a first token)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=cap, capture_error_mode="thread_local"):
-                res = fn(*statics)
-                for o, r in zip(outs, (res,) if single else res):
-                    o.copy_(r)
+            with torch.cuda.stream(cap):
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    res = fn(*statics)
+                    for o, r in zip(outs, (res,) if single else res):
+                        o.copy_(r)
+                except BaseException:
+                    try:
+                        graph.capture_end()  # leave the stream out of capture mode; the first error is the one
+                    except RuntimeError:
+                        pass
+                    raise
+                graph.capture_end()
         self._outputs.update(o.data_ptr() for o in outs)
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
