@@ -1,7 +1,9 @@
 """The GPU step's decode work between two host waits, as CUDA graphs: each
-segment (a layer's attention half, a MoE layer's router, a shared expert, a
-dense FFN, the output head) is captured once per shape and replayed on every
-later token, one launch instead of dozens issued from Python.
+segment (a layer's attention half, a MoE layer's router, its cached W_Q in two
+parts, a shared expert, a dense FFN, the output head) is captured once per shape
+and replayed on every later token, one launch instead of dozens issued from
+Python. What stays on the host between them is the layer's own share: the
+critical-set choice, the CPU's residuals and uncached experts, the copies.
 
 A segment is a function of static input tensors and of state that stays put
 (weights, the KV cache's rows, the position tensor `pos`): the decode position
