@@ -146,6 +146,6 @@ def _table(rows: list[dict]) -> None:
             busy = f"{g['gpu_busy_frac']:.0%}" if g["gpu_busy_frac"] is not None else "—"
             print(f"GPU step r={r['critical']}: {g['step_ms']:.2f} ms/token, CPU experts {g['cpu_expert_ms_per_layer']:.3f} "
                   f"ms/layer, host waits {g['host_wait_ms']:.2f} ms, orchestration {g['orchestration_ms']:.2f} ms "
-                  f"({g['orchestration_frac']:.0%}), GPU busy {busy}")
+                  f"({g['orchestration_frac']:.0%}), GPU busy {busy}; decode graphs: {g['decode_graphs']}")
     if rows:
         print(f"read bandwidth measured: {rows[0]['read_bandwidth_gbs']:.2f} GB/s with {rows[0]['threads']} threads")

@@ -5,6 +5,11 @@ of the bucket. Off a GPU the segments run eagerly through the same static buffer
 these tests hold that formulation to the per-position one, on the stand-in GPU."""
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +54,13 @@ def test_a_refused_capture_leaves_the_segments_eager():
     assert torch.equal(g.run(("a",), lambda v: v * 2, x + 1), (x + 1) * 2)  # the static input takes the new x
     assert g.failed == "operation not permitted when stream is capturing" and g.captures == 0
     assert torch.equal(g.run(("b",), lambda v: v - 1, x), x - 1) and g.n_segments == 2
+
+
+def test_the_cpu_step_makes_no_segments(files):
+    m = load_model(files["qwen3moe"], n_ctx=64, critical=2, placement=PlanRequest(mode="cpu"))
+    cache = m.runner.new_cache(64)
+    m.runner.decode(5, 0, cache)
+    assert not m.runner.gpu_step and len(m.runner._graphs) == 0 and m.runner.graph_summary() is None
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
@@ -134,3 +146,13 @@ def test_expert_segments_on_the_emulated_gpu(files, emulated_gpu, monkeypatch):
     moe = [il for il, b in enumerate(m.net.blocks) if isinstance(b.ffn, MoEFFN)]
     assert {key for key in g._seg if key[0].startswith("wq")} == (
         {("wq-critical", il, 2) for il in moe} | {("wq-rest", il, 2, k - 2) for il in moe})
+
+
+def test_bench_on_the_standin_says_how_the_step_ran(files):
+    """`bench` on a GPU plan prints the GPU step's figures and how its decode segments ran."""
+    env = dict(os.environ, RAPIDMOE_STANDIN_GPU="24")
+    r = subprocess.run([sys.executable, "-m", "rapidmoe.app.cli", "bench", "-m", files["qwen3moe"], "--critical", "2",
+                        "-p", "8", "-n", "4", "--threads", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("GPU step r=2:"))
+    assert re.search(r"orchestration [\d.]+ ms .*; decode graphs: \d+ segments, run eagerly \(no CUDA device\)$", line), line

@@ -157,7 +157,7 @@ def gpu_step_figures(model, traces, cache, pos: int, token: int) -> dict:
            "cpu_expert_ms_per_layer": round(float(np.mean([t.cpu_expert_s for t in traces])) / n_moe * 1e3, 4),
            "host_wait_ms": round(float(np.mean([t.host_wait_s for t in traces])) * 1e3, 3),
            "orchestration_ms": round(orch * 1e3, 3), "orchestration_frac": round(orch / step, 4) if step else None,
-           "gpu_busy_frac": None}
+           "gpu_busy_frac": None, "decode_graphs": model.runner.graph_summary()}
     if torch.cuda.is_available() and model.plan is not None and model.plan.mode != "cpu" \
             and model.plan.gpu_layers and not model.placement.startswith("stand-in"):
         busy, wall = busy_fraction(lambda: model.runner.decode(token, pos, cache))
